@@ -1,0 +1,69 @@
+"""Backends: an FX graph of core ATen ops -> a callable `list of tensors -> list of tensors`.
+
+`backend="aten"` runs the graph node by node with ATen kernels (the reference backend);
+generated-code backends (cpp, triton) register here under their names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.fx as fx
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    nodes: tuple[str, ...]  # the graph nodes the kernel computes
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    run: Callable[[list], list]
+    kernels: tuple[KernelInfo, ...] = ()
+    fallback_ops: tuple[str, ...] = ()  # ATen ops run without generated code (externs excluded)
+    source: str = ""  # the wrapper's source, for debug dumps
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    name: str
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph: ...
+
+
+class AtenBackend:
+    """Runs graphs op by op through ATen: always correct, never fast, the oracle for codegen."""
+    name = "aten"
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
+        ops = sorted({str(n.target) for n in gm.graph.nodes
+                      if isinstance(n.target, torch._ops.OpOverload) and not is_extern(n.target)})
+
+        def run(args: list) -> list:
+            return list(gm(*args))
+
+        return CompiledGraph(run, (), tuple(ops), gm.code)
+
+
+def is_extern(op: torch._ops.OpOverload) -> bool:
+    """Ops served by library kernels (mm, conv, attention): never counted as fallbacks."""
+    from trainc.decomps import EXTERN_OPS
+    return op.overloadpacket in EXTERN_OPS
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"aten": AtenBackend}
+
+
+def get_backend(name: str, device: torch.device) -> Backend:
+    """Resolve "auto" (cpp on CPU, triton on CUDA, falling back to aten until those exist)."""
+    if name == "auto":
+        preferred = "triton" if device.type == "cuda" else "cpp"
+        name = preferred if preferred in BACKENDS else "aten"
+    if name not in BACKENDS:
+        raise NotImplementedError(f"trainc: backend {name!r} is not implemented yet; "
+                                  f"available: {sorted(BACKENDS)}")
+    return BACKENDS[name]()

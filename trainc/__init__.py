@@ -1,0 +1,12 @@
+"""trainc: a training-focused compiler for PyTorch.
+
+    step_model = trainc.compile(model)                 # or torch.compile(model, backend="trainc")
+    print(trainc.explain(model, x))                    # graphs, saved bytes, kernels, fallbacks
+"""
+from trainc import rng as _rng  # registers torch.ops.trainc.*  # noqa: F401
+from trainc.api import Explanation, compile, explain
+from trainc.config import Config
+from trainc.joint import UnsupportedError
+
+__all__ = ["compile", "explain", "Explanation", "Config", "UnsupportedError"]
+__version__ = "0.1.0"

@@ -1,0 +1,117 @@
+"""Public entry points: trainc.compile and trainc.explain."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from trainc import records
+from trainc.capture import dynamo_backend
+from trainc.codegen import KernelInfo
+from trainc.config import make_config
+from trainc.partition import Decision
+
+
+def compile(model_or_fn: Callable, *, backend: str = "auto", memory_budget: Any = None,
+            **options: Any) -> Callable:
+    """Compile a model or function for training; returns a callable with the same signature."""
+    if not callable(model_or_fn):
+        raise TypeError(f"trainc.compile expects an nn.Module or a function, "
+                        f"got {type(model_or_fn).__name__}")
+    config = make_config(backend, memory_budget, **options)
+    # Static shapes: a new shape recompiles (Dynamo guards) rather than going symbolic.
+    return torch.compile(model_or_fn, backend=functools.partial(dynamo_backend, config=config),
+                         dynamic=False)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    graphs: tuple[records.GraphRecord, ...]
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(g.saved_bytes for g in self.graphs)
+
+    @property
+    def saved_tensors(self) -> list[Decision]:
+        """The activations saved for backward (graph inputs such as parameters excluded)."""
+        return [d for g in self.graphs for d in g.decisions if d.action == "saved"
+                and not d.is_input]
+
+    @property
+    def recompute_flops(self) -> int:
+        return sum(g.recompute_flops for g in self.graphs)
+
+    @property
+    def kernels(self) -> list[KernelInfo]:
+        return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def fallback_ops(self) -> list[str]:
+        return sorted({op for g in self.graphs for op in g.fallback_ops})
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(g.compile_seconds for g in self.graphs)
+
+    def table(self, per_value: bool = False) -> str:
+        head = ("graph", "mode", "backend", "nodes", "fwd", "bwd", "saved", "saved MiB",
+                "recompute MFLOP", "kernels", "fallbacks", "compile s")
+        rows = [head] + [(
+            f"graph_{g.graph_id}", "train" if g.training else "infer", g.backend,
+            str(g.joint_nodes), str(g.fwd_nodes), str(g.bwd_nodes),
+            str(sum(1 for d in g.decisions if d.action == "saved" and not d.is_input)),
+            f"{g.saved_bytes / 2**20:.3f}", f"{g.recompute_flops / 1e6:.1f}",
+            str(len(g.kernels)), str(len(g.fallback_ops)), f"{g.compile_seconds:.2f}")
+            for g in self.graphs]
+        text = records.format_table(rows)
+        text += (f"total: {len(self.graphs)} graph(s), saved {self.saved_bytes / 2**20:.3f} MiB "
+                 f"in {len(self.saved_tensors)} tensors, recompute {self.recompute_flops / 1e6:.1f}"
+                 f" MFLOP, {len(self.kernels)} kernels, {len(self.fallback_ops)} fallback ops, "
+                 f"compile {self.compile_seconds:.2f} s\n")
+        if self.fallback_ops:
+            text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
+        if per_value:
+            for g in self.graphs:
+                if g.decisions:
+                    text += f"\ngraph_{g.graph_id} partition decisions:\n"
+                    text += records.decision_table(g.decisions)
+        return text
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def explain(model_or_fn: Callable, *args: Any, **compile_options: Any) -> Explanation:
+    """Compile and run once on `args`; report graphs, saved activations, kernels, fallbacks.
+
+    Module state (parameters, buffers) and torch's RNG state are restored afterwards, so
+    explaining a model does not advance its BatchNorm statistics or the random stream.
+    """
+    compiled = compile(model_or_fn, **compile_options)
+    state = _snapshot(model_or_fn)
+    rng_state = torch.get_rng_state()
+    try:
+        with records.recording() as recs:
+            compiled(*args)
+    finally:
+        torch.set_rng_state(rng_state)
+        _restore(model_or_fn, state)
+    return Explanation(tuple(recs))
+
+
+def _snapshot(obj) -> dict:
+    if not isinstance(obj, torch.nn.Module):
+        return {}
+    return {k: v.detach().clone() for k, v in obj.state_dict(keep_vars=True).items()}
+
+
+def _restore(obj, state: dict) -> None:
+    if not state:
+        return
+    current = obj.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for k, v in state.items():
+            current[k].copy_(v)

@@ -1,0 +1,56 @@
+"""Every knob of trainc: one frozen dataclass, built once per compile from options + environment.
+
+`TRAINC_*` environment variables are read here and nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+BACKENDS = ("auto", "aten", "cpp", "triton")
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str = "auto"
+    # None: speed-optimal partition; float in [0, 1]: fraction of save-everything
+    # activation bytes; int: bytes.
+    memory_budget: Optional[Union[float, int]] = None
+    # "save_all" keeps every value the backward reads (the seam's reference partition).
+    partitioner: str = "save_all"
+    debug: bool = False  # TRAINC_DEBUG=1: one summary line per compile
+    debug_dir: Optional[str] = None  # TRAINC_DEBUG_DIR: dump every stage as runnable Python
+
+
+def _env_defaults() -> dict[str, Any]:
+    return {
+        "debug": os.environ.get("TRAINC_DEBUG", "") not in ("", "0"),
+        "debug_dir": os.environ.get("TRAINC_DEBUG_DIR") or None,
+    }
+
+
+def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any) -> Config:
+    """Validate user options and merge them over the environment defaults."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"trainc: unknown option(s) {unknown}; known options: {sorted(known)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"trainc: backend must be one of {BACKENDS}, got {backend!r}")
+    _check_budget(memory_budget)
+    values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
+    return Config(**values)
+
+
+def _check_budget(budget: Any) -> None:
+    if budget is None:
+        return
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"trainc: memory_budget must be None, a float in [0, 1] or an int of "
+                        f"bytes, got {budget!r}")
+    if isinstance(budget, float) and not 0.0 <= budget <= 1.0:
+        raise ValueError(f"trainc: a float memory_budget is a fraction in [0, 1], got {budget}")
+    if isinstance(budget, int) and budget < 0:
+        raise ValueError(f"trainc: an int memory_budget is a byte count >= 0, got {budget}")

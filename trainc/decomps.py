@@ -1,0 +1,49 @@
+"""The decomposition table trainc owns: ATen -> core ATen, minus ops codegen wants whole.
+
+Kept whole: matmuls, convolutions and attention (extern kernels). Random ops become the
+counter-based `trainc.philox_uniform` (see rng.py). Batch norm goes through its functional
+form so running-stat updates show up as input mutations.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+from trainc import rng
+
+aten = torch.ops.aten
+
+# Ops that map to library kernels (cuBLAS/oneDNN/cuDNN/flash attention): never decomposed.
+EXTERN_OPS = (
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm,
+    aten.convolution, aten.convolution_backward,
+    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+)
+
+_EXTRA = (
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training,
+)
+
+
+def _overloads(packets) -> set:
+    out = set()
+    for p in packets:
+        out.update(getattr(p, o) for o in p.overloads())
+    return out
+
+
+def build_table() -> dict[torch._ops.OpOverload, Callable]:
+    table = {**core_aten_decompositions(), **get_decompositions(list(_EXTRA))}
+    for op in _overloads(EXTERN_OPS):
+        table.pop(op, None)
+    table.update(rng.DECOMPOSITIONS)
+    return table
+
+
+TABLE = build_table()

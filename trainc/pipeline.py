@@ -1,0 +1,60 @@
+"""The driver: captured graph + inputs -> runnable Artifact, one line per stage."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from trainc import debug, records
+from trainc.codegen import get_backend
+from trainc.config import Config
+from trainc.graph import InputKind
+from trainc.joint import trace_joint
+from trainc.partition import partition
+from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, run_passes
+from trainc.runtime import Artifact
+
+
+def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
+                  training: bool, config: Config) -> Artifact:
+    t0, gid = time.perf_counter(), debug.next_graph_id()
+    dump = debug.Dumper(config, gid)
+    joint = trace_joint(gm, args, kinds, training)
+    dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
+    joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
+    part = partition(joint, config) if joint.signature.training else None
+    fwd_gm = run_passes(part.fwd if part else joint.gm, POST_GRAD_PASSES)
+    bwd_gm = run_passes(part.bwd, POST_GRAD_PASSES) if part else None
+    backend = get_backend(config.backend, _device(args))
+    fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
+    bwd = backend.compile(bwd_gm, _example_inputs(bwd_gm)) if bwd_gm is not None else None
+    art = Artifact(joint.signature, fwd, bwd)
+    record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
+                                     time.perf_counter() - t0)
+    _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
+    records.publish(record, config)
+    return art
+
+
+def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:
+    if part is not None:
+        dump.text("20_partition.txt", records.decision_table(part.decisions))
+    dump.graph("30_fwd.py", fwd_gm, "forward graph" if part else "inference graph")
+    dump.text("30_fwd_wrapper.py", fwd.source)
+    if bwd_gm is not None:
+        dump.graph("31_bwd.py", bwd_gm, "backward graph")
+        dump.text("31_bwd_wrapper.py", bwd.source)
+
+
+def _example_inputs(gm: fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _device(args: Sequence) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+            return a.device
+    return torch.device("cpu")

@@ -1,0 +1,93 @@
+"""What each compile did, for `trainc.explain` and TRAINC_DEBUG: one GraphRecord per graph."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch.fx as fx
+
+from trainc import debug
+from trainc.codegen import CompiledGraph, KernelInfo
+from trainc.config import Config
+from trainc.graph import GraphSignature, JointGraph
+from trainc.partition import Decision, Partition
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    graph_id: int
+    training: bool
+    backend: str
+    signature: GraphSignature
+    joint_nodes: int
+    fwd_nodes: int
+    bwd_nodes: int
+    decisions: tuple[Decision, ...]
+    saved_bytes: int
+    recompute_flops: int
+    kernels: tuple[KernelInfo, ...]
+    fallback_ops: tuple[str, ...]
+    compile_seconds: float
+
+    @staticmethod
+    def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
+             bwd_gm: Optional[fx.GraphModule], fwd: CompiledGraph, bwd: Optional[CompiledGraph],
+             backend: str, seconds: float) -> "GraphRecord":
+        compiled = [c for c in (fwd, bwd) if c is not None]
+        return GraphRecord(
+            graph_id=gid, training=joint.signature.training, backend=backend,
+            signature=joint.signature, joint_nodes=_count(joint.gm), fwd_nodes=_count(fwd_gm),
+            bwd_nodes=_count(bwd_gm) if bwd_gm is not None else 0,
+            decisions=part.decisions if part else (),
+            saved_bytes=part.saved_bytes if part else 0,
+            recompute_flops=part.recompute_flops if part else 0,
+            kernels=tuple(k for c in compiled for k in c.kernels),
+            fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
+            compile_seconds=seconds)
+
+    def summary(self) -> str:
+        mode = "train" if self.training else "infer"
+        return (f"graph_{self.graph_id} {mode} backend={self.backend} nodes={self.joint_nodes} "
+                f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
+                f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms")
+
+
+def _count(gm: fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+
+
+_recorders: list[list[GraphRecord]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[GraphRecord]]:
+    """Collect the GraphRecords of every compile that happens inside the block."""
+    records: list[GraphRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
+
+
+def publish(record: GraphRecord, config: Config) -> None:
+    for r in _recorders:
+        r.append(record)
+    if config.debug:
+        debug.summary(record.summary())
+
+
+def decision_table(decisions: Sequence[Decision]) -> str:
+    """The per-value partition report: one row per value the backward uses."""
+    head = ("name", "action", "op", "shape", "dtype", "bytes", "recompute_flops", "rule")
+    rows = [head] + [(d.name, d.action + (" (input)" if d.is_input else ""), d.op, str(d.shape),
+                      d.dtype, str(d.nbytes), str(d.recompute_flops), d.rule) for d in decisions]
+    return format_table(rows)
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,106 @@
+"""Run a compiled artifact with eager semantics: autograd, input mutation, output aliasing.
+
+Forward and backward run inside one torch.autograd.Function; input mutations are copied back
+into the caller's tensors (bumping their version counters); outputs that alias inputs or each
+other are regenerated as views, so they alias exactly as in eager mode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from trainc import rng
+from trainc.codegen import CompiledGraph
+from trainc.graph import GraphSignature, OutputKind
+
+DOUBLE_BACKWARD_MSG = (
+    "trainc: double backward (torch.autograd.grad/backward with create_graph=True) through a "
+    "trainc-compiled region is not supported; compute higher-order gradients eagerly")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Everything needed to run one compiled graph for one input signature."""
+    signature: GraphSignature
+    fwd: CompiledGraph  # training: primals -> [mutations, computed, saved]; else no saved
+    bwd: Optional[CompiledGraph]  # [saved, tangents] -> grads
+
+
+def run(art: Artifact, args: Sequence[Any]) -> list:
+    """Call the compiled graph as the captured graph would have been called."""
+    sig = art.signature
+    prims = list(args) + ([rng.draw_seed()] if sig.has_rng else [])
+    if sig.training:
+        fwd_vals = _Function.apply(art, *prims)
+    else:
+        with torch.no_grad():
+            fwd_vals = _forward_values(art, art.fwd.run(prims))
+    nm = len(sig.mutated_inputs)
+    if nm:
+        with torch.no_grad():
+            for i, new in zip(sig.mutated_inputs, fwd_vals[:nm]):
+                args[i].copy_(new)
+    return _user_outputs(sig, args, fwd_vals[nm:])
+
+
+def _forward_values(art: Artifact, results: list) -> list:
+    """Mutation values + computed outputs, computed outputs laid out as eager lays them out."""
+    nm = len(art.signature.mutated_inputs)
+    vals = list(results[:art.signature.num_fwd_outputs])
+    for c, stride in enumerate(art.signature.computed_strides):
+        v = vals[nm + c]
+        if isinstance(v, torch.Tensor) and v.stride() != stride and v.numel() > 1:
+            vals[nm + c] = torch.empty_strided(v.shape, stride, dtype=v.dtype,
+                                               device=v.device).copy_(v)
+    return vals
+
+
+class _Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, art: Artifact, *prims):
+        sig = art.signature
+        results = art.fwd.run(list(prims))
+        vals = _forward_values(art, results)
+        saved = results[sig.num_fwd_outputs:]
+        # A saved input that the graph mutates must keep its old value for the backward.
+        mutated = {id(prims[i]) for i in sig.mutated_inputs}
+        saved = [s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
+                 for s in saved]
+        ctx.art = art
+        ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+        ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
+        ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]
+        nm = len(sig.mutated_inputs)
+        differentiable = {nm + t for t in sig.tangents}
+        ctx.mark_non_differentiable(*[v for k, v in enumerate(vals)
+                                      if k not in differentiable and isinstance(v, torch.Tensor)])
+        return tuple(vals)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(DOUBLE_BACKWARD_MSG)
+        art: Artifact = ctx.art
+        sig = art.signature
+        tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
+        saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
+        nm = len(sig.mutated_inputs)
+        tangents = [grads[nm + t].contiguous() for t in sig.tangents]
+        results = art.bwd.run(saved + tangents)
+        out: list = [None] * len(sig.inputs)
+        for i, g in zip(sig.grads, results):
+            out[i] = g
+        return (None, *out)
+
+
+def _user_outputs(sig: GraphSignature, args: Sequence, computed: Sequence) -> list:
+    outs = []
+    for o in sig.outputs:
+        if o.kind is OutputKind.COMPUTED:
+            outs.append(computed[o.base])
+            continue
+        base = args[o.base] if o.kind is OutputKind.ALIAS_OF_INPUT else computed[o.base]
+        outs.append(base.as_strided(o.size, o.stride, base.storage_offset() + o.storage_offset))
+    return outs
