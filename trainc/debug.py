@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 from typing import Optional
 
@@ -65,6 +66,8 @@ class Dumper:
 
 def graph_source(gm: fx.GraphModule, what: str, file: str) -> str:
     body = gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    body = re.sub(r"^class .*?\(torch\.nn\.Module\):", "class GraphModule(torch.nn.Module):",
+                  body, count=1)
     inputs = ", ".join(_input_expr(n) for n in gm.graph.nodes if n.op == "placeholder")
     return _HEADER.format(what=what, file=file) + body + _FOOTER.format(inputs=inputs)
 

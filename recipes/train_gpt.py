@@ -1,0 +1,129 @@
+"""Train a small character-level GPT on Shakespeare's sonnets, eagerly and with trainc, side by side.
+
+    python recipes/train_gpt.py [--steps 40] [--device cpu] [--budget None] [--backend auto]
+
+Both runs start from the same weights and see the same batches; the script prints per-step loss
+and time for each, then the step-time comparison and trainc's memory/recompute report.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import trainc
+
+TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sonnets.txt")
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = self.drop(att.masked_fill(~causal, float("-inf")).softmax(-1))
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class CharGPT(nn.Module):
+    def __init__(self, vocab: int, d: int = 96, heads: int = 4, layers: int = 2, seq: int = 64,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def batches(data: torch.Tensor, steps: int, batch: int, seq: int, device: str):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
+        x = torch.stack([data[s:s + seq] for s in starts])
+        y = torch.stack([data[s + 1:s + seq + 1] for s in starts])
+        yield x.to(device), y.to(device)
+
+
+def train(model, forward, data, args, label):
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    losses, times = [], []
+    for x, y in batches(data, args.steps, args.batch, args.seq, args.device):
+        t0 = time.perf_counter()
+        logits = forward(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    print(f"  {label}: done, final loss {losses[-1]:.3f}")
+    return losses, times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--budget", type=float, default=None, help="trainc memory_budget fraction")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    args = ap.parse_args()
+
+    text = open(TEXT).read()
+    chars = sorted(set(text))
+    data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    torch.manual_seed(0)
+    eager_model = CharGPT(len(chars), seq=args.seq, dropout=args.dropout).to(args.device)
+    trainc_model = copy.deepcopy(eager_model)
+    options = dict(backend=args.backend, memory_budget=args.budget)
+    print(f"char-GPT: {sum(p.numel() for p in eager_model.parameters()) / 1e3:.0f}k params, "
+          f"vocab {len(chars)}, {len(text)} chars of text; {args.steps} steps on {args.device}")
+    eager_losses, eager_t = train(eager_model, eager_model, data, args, "eager")
+    compiled = trainc.compile(trainc_model, **options)
+    trainc_losses, trainc_t = train(trainc_model, compiled, data, args, "trainc")
+
+    print(f"\n{'step':>4}  {'eager loss':>10}  {'trainc loss':>11}  {'eager ms':>8}  {'trainc ms':>9}")
+    for i, (le, lt, te, tt) in enumerate(zip(eager_losses, trainc_losses, eager_t, trainc_t)):
+        print(f"{i:>4}  {le:>10.4f}  {lt:>11.4f}  {te * 1e3:>8.1f}  {tt * 1e3:>9.1f}")
+    skip = min(3, args.steps - 1)  # the first steps include trainc's compile
+    med_e, med_t = statistics.median(eager_t[skip:]), statistics.median(trainc_t[skip:])
+    print(f"\nmedian step after warm-up: eager {med_e * 1e3:.1f} ms, trainc {med_t * 1e3:.1f} ms "
+          f"({med_e / med_t:.2f}x); trainc first step {trainc_t[0]:.2f} s (includes compile)")
+    print(f"loss fell from {eager_losses[0]:.3f} to {eager_losses[-1]:.3f} (eager), "
+          f"{trainc_losses[0]:.3f} to {trainc_losses[-1]:.3f} (trainc)\n")
+    x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
+    print("trainc memory/recompute report for one training step:")
+    print(trainc.explain(trainc_model, x, **options))
+
+
+if __name__ == "__main__":
+    main()

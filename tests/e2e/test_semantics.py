@@ -1,0 +1,225 @@
+"""Eager semantics through trainc.compile: mutation, aliasing, requires_grad, outputs, recompiles."""
+import pytest
+import torch
+import torch.nn as nn
+
+import trainc
+from policy import assert_policy
+
+
+def _compile(fn):
+    torch._dynamo.reset()
+    return trainc.compile(fn, backend="aten")
+
+
+def _grads(fn, *inputs):
+    """(outputs, grads of inputs requiring grad) of fn, summing every float output as the loss."""
+    xs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = fn(*xs)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs)
+               if o.is_floating_point() and o.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+    return outs, [x.grad for x in xs if x.requires_grad], xs
+
+
+def _check(fn, *inputs):
+    """Compiled fn matches eager (float64 reference) in outputs and input grads."""
+    ref_inputs = [x.double() if x.is_floating_point() else x for x in inputs]
+    ref_inputs = [r.requires_grad_(x.requires_grad) if r.is_floating_point() else r
+                  for r, x in zip(ref_inputs, inputs)]
+    eo, eg, ex = _grads(fn, *inputs)
+    co, cg, cx = _grads(_compile(fn), *inputs)
+    ro, rg, rx = _grads(fn, *ref_inputs)
+    assert len(co) == len(eo)
+    for i, (c, e, r) in enumerate(zip(co, eo, ro)):
+        assert c.requires_grad == e.requires_grad, f"output {i} requires_grad"
+        assert_policy(f"output {i}", c, e, r)
+    for i, (c, e, r) in enumerate(zip(cg, eg, rg)):
+        assert_policy(f"grad {i}", c, e, r)
+    for i, (c, e, r) in enumerate(zip(cx, ex, rx)):  # inputs mutated in place
+        assert_policy(f"input {i} after call", c.detach(), e.detach(), r.detach())
+    return co, cx
+
+
+def test_inplace_on_user_input():
+    def f(x, w):
+        x.mul_(2)
+        return (x * w).sin()
+    x, w = torch.randn(4, 3), torch.randn(3, requires_grad=True)
+    _, (cx, _) = _check(f, x, w)
+    v = x.clone()
+    before = v._version
+    _compile(f)(v, w)
+    assert v._version > before, "the input's version counter must be bumped"
+    assert torch.allclose(v, x * 2)
+
+
+def test_inplace_on_intermediates():
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        z = y[1:]
+        z.mul_(3)
+        w = (x - 0.5).relu_()
+        return y.exp() + w
+    _check(f, torch.randn(5, 4, requires_grad=True))
+
+
+def test_output_is_input_or_view_of_input():
+    def f(x, y):
+        return x, x.view(-1)[1:5], x.t(), y * 2
+    x, y = torch.randn(3, 4, requires_grad=True), torch.randn(3)
+    (ox, ov, ot, oy), _ = _check(f, x, y)
+    xs = torch.randn(3, 4)
+    cx, cv, ct, _ = _compile(f)(xs, y)
+    assert cv.data_ptr() == xs.data_ptr() + 4 and ct.stride() == (1, 4)
+    xs[0, 2] = 100.0
+    assert cv[1].item() == 100.0, "a view output must see later writes to the input"
+
+
+def test_outputs_aliasing_each_other():
+    def f(x):
+        y = x * 2
+        return y.view(-1), y[0], y.t()
+    outs, _ = _check(f, torch.randn(3, 4, requires_grad=True))
+    a, b, c = _compile(f)(torch.randn(3, 4))
+    a[1] = 42.0
+    assert b[1].item() == 42.0 and c[1, 0].item() == 42.0
+
+
+def test_mixed_requires_grad_and_integer_inputs():
+    def f(x, w, idx, k):
+        return (x[idx] * w).sum(0) + k.float().mean(), idx * 2
+    x, w = torch.randn(5, 3), torch.randn(3, requires_grad=True)
+    idx, k = torch.tensor([0, 2, 4, 2]), torch.arange(6)
+    (_, oi), _ = _check(f, x, w, idx, k)
+    assert oi.dtype == torch.int64 and not oi.requires_grad
+
+
+def test_grad_is_none_for_unused_and_non_grad_inputs():
+    def f(a, b, c):
+        return a * 3 + c
+    a, b, c = (torch.randn(3, requires_grad=True) for _ in range(3))
+    c.requires_grad_(False)
+    _compile(f)(a, b, c).sum().backward()
+    assert a.grad is not None and b.grad is None and c.grad is None
+
+
+class TupleDictModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return {"h": h, "pair": (self.b(x).tanh(), h.sum(-1))}
+
+
+def test_tuple_and_dict_outputs():
+    m = TupleDictModel()
+    x = torch.randn(5, 4)
+    out_e = m(x)
+    out_c = _compile(m)(x)
+    assert set(out_c) == {"h", "pair"} and isinstance(out_c["pair"], tuple)
+    loss_e = out_e["h"].sum() + out_e["pair"][0].pow(2).sum() + out_e["pair"][1].sum()
+    ge = torch.autograd.grad(loss_e, list(m.parameters()))
+    loss_c = out_c["h"].sum() + out_c["pair"][0].pow(2).sum() + out_c["pair"][1].sum()
+    gc = torch.autograd.grad(loss_c, list(m.parameters()))
+    for e, c in zip(ge, gc):
+        torch.testing.assert_close(c, e)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.out = nn.Linear(6, 10, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.out(self.emb(idx).tanh())
+
+
+def test_weight_tying():
+    m = Tied()
+    idx = torch.randint(0, 10, (4, 3))
+    m(idx).square().sum().backward()
+    ge = m.emb.weight.grad.clone()
+    m.zero_grad()
+    _compile(m)(idx).square().sum().backward()
+    torch.testing.assert_close(m.emb.weight.grad, ge)
+
+
+def test_noncontiguous_and_expanded_inputs():
+    def f(x, y):
+        return (x * y).logsumexp(-1), x.sum(0)
+    x = torch.randn(6, 4).t().requires_grad_(True)
+    y = torch.randn(6).expand(4, 6)
+    _check(f, x, y)
+    _check(f, torch.randn(4, 12)[:, ::2].detach().requires_grad_(True), y)
+
+
+def test_shape_change_recompiles_and_stays_correct():
+    m = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    c = _compile(m)
+    for batch in (3, 5, 3, 7):
+        x = torch.randn(batch, 4)
+        torch.testing.assert_close(c(x), m(x))
+    x64 = torch.randn(2, 4, dtype=torch.float64)
+    m64 = nn.Linear(4, 2).double()
+    assert _compile(m64)(x64).dtype == torch.float64
+
+
+def test_eval_mode_and_no_grad():
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    c = _compile(m)
+    x = torch.randn(8, 4)
+    m.eval()
+    stats = m[1].running_mean.clone(), m[1].num_batches_tracked.clone()
+    torch.testing.assert_close(c(x), m(x))
+    assert torch.equal(m[1].running_mean, stats[0]) and m[1].num_batches_tracked == stats[1]
+    m.train()
+    with torch.no_grad():
+        y = c(x)
+    assert not y.requires_grad and m[1].num_batches_tracked.item() == 1
+
+
+def test_batchnorm_buffers_update_like_eager():
+    import copy
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    e = copy.deepcopy(m)
+    c = _compile(m)
+    for _ in range(2):
+        x = torch.randn(2, 3, 6, 6)
+        c(x).sum().backward()
+        e(x).sum().backward()
+    for (n, a), (_, b) in zip(m.named_buffers(), e.named_buffers()):
+        torch.testing.assert_close(a, b, msg=n)
+
+
+def test_double_backward_raises_clear_error():
+    c = _compile(lambda x: (x ** 3).sum())
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(c(x), x, create_graph=True)
+    (g,) = torch.autograd.grad(c(x), x)  # a plain backward still works
+    torch.testing.assert_close(g, 3 * x.detach() ** 2)
+
+
+def test_hook_on_intermediate_is_honoured():
+    seen = []
+
+    def f(x):
+        y = x * 2
+        y.register_hook(lambda g: seen.append(g.clone()) or g * 10)
+        return y.sin().sum()
+
+    x = torch.randn(4, requires_grad=True)
+    f(x).backward()
+    expected = x.grad.clone()
+    x.grad = None
+    _compile(f)(x).backward()
+    assert len(seen) == 2
+    torch.testing.assert_close(x.grad, expected)
