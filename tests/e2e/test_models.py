@@ -4,9 +4,10 @@ import copy
 import pytest
 import torch
 
-import models
 import trainc
 from policy import assert_policy
+
+models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
 
 
 def _train(model, step_fn, inputs, loss_fn, steps):
