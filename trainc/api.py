@@ -60,7 +60,7 @@ class Explanation:
         head = ("graph", "mode", "backend", "nodes", "fwd", "bwd", "saved", "saved MiB",
                 "recompute MFLOP", "kernels", "fallbacks", "compile s")
         rows = [head] + [(
-            f"graph_{g.graph_id}", "train" if g.training else "infer", g.backend,
+            f"graph_{g.graph_id}", g.mode, g.backend,
             str(g.joint_nodes), str(g.fwd_nodes), str(g.bwd_nodes),
             str(sum(1 for d in g.decisions if d.action == "saved" and not d.is_input)),
             f"{g.saved_bytes / 2**20:.3f}", f"{g.recompute_flops / 1e6:.1f}",

@@ -20,6 +20,8 @@ class InputKind(enum.Enum):
     BUFFER = "buffer"
     USER = "user"
     SEED = "seed"  # the RNG seed trainc adds; the runtime draws it from torch's generator
+    STATE = "optimizer_state"  # compile_step: optimizer state tensors (momentum, exp_avg, ...)
+    SCALAR = "scalar"  # compile_step: hyperparameters (lr, betas, ...) as 0-d tensors
 
 
 class OutputKind(enum.Enum):

@@ -50,7 +50,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
-    has_rng, mutated = _finish_graph(functional, len(args), len(tangents))
+    has_rng, mutated = finish_graph(functional, len(args), len(tangents))
     for i in mutated:
         if requires_grad[i] and training:
             raise UnsupportedError(f"trainc: graph input {i} requires grad and is mutated in "
@@ -158,7 +158,7 @@ def _joint_fn(gm, info: _Analysis, requires_grad, training: bool, n: int):
     return joint, grads
 
 
-def _finish_graph(gm: fx.GraphModule, n: int, n_tangents: int) -> tuple[bool, list[int]]:
+def finish_graph(gm: fx.GraphModule, n: int, n_tangents: int) -> tuple[bool, list[int]]:
     """Flat positional signature and stable names; each input write-back `copy_(input, v)`
     becomes a leading output v. Returns (has_rng, indices of mutated inputs)."""
     g = gm.graph

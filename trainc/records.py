@@ -29,6 +29,7 @@ class GraphRecord:
     kernels: tuple[KernelInfo, ...]
     fallback_ops: tuple[str, ...]
     compile_seconds: float
+    mode: str = "train"  # "train" (fwd+bwd), "infer" (forward only), "step" (compile_step)
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -44,11 +45,10 @@ class GraphRecord:
             recompute_flops=part.recompute_flops if part else 0,
             kernels=tuple(k for c in compiled for k in c.kernels),
             fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
-            compile_seconds=seconds)
+            compile_seconds=seconds, mode="train" if joint.signature.training else "infer")
 
     def summary(self) -> str:
-        mode = "train" if self.training else "infer"
-        return (f"graph_{self.graph_id} {mode} backend={self.backend} nodes={self.joint_nodes} "
+        return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "
                 f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
                 f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms")
 

@@ -1,0 +1,290 @@
+"""trainc.compile_step: forward, loss, backward and optimizer update traced as one graph.
+
+Graph inputs: parameters, buffers, accumulated grads, optimizer state, hyperparameters (0-d
+tensors), batch, seed. Parameters, buffers and state are updated in place with eager semantics;
+optimizer state stays in `optimizer.state`, so state_dict / load_state_dict keep working.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from trainc import debug, decomps, records, rng
+from trainc.codegen import CompiledGraph, get_backend
+from trainc.config import Config, make_config
+from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
+from trainc.joint import finish_graph
+from trainc.optim import Rule, hyper_values, rule_for
+from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, run_passes
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each kind of input sits in the flat input list of one compiled step."""
+    params: tuple[int, ...]  # model parameter indices (into _Step.params) that get grads
+    acc: tuple[bool, ...]  # per used param: an accumulated .grad is an input
+    fresh: tuple[bool, ...]  # per used param: its optimizer state was just created
+    state_keys: tuple[tuple[str, ...], ...]  # per used param
+    n_batch: int
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    layout: _Layout
+    graph: CompiledGraph
+    signature: GraphSignature
+    accumulate: bool
+
+
+class _LossModule(torch.nn.Module):
+    """Lets functional_call swap the model's parameters for the whole loss_fn call."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, *batch):
+        return self.loss_fn(self.model, *batch)
+
+
+class CompiledStep:
+    """`step(*batch) -> loss`: one optimizer step; `step(*batch, accumulate=True)` only adds grads."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+                 clip_grad_norm: Optional[float], config: Config):
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.rule: Rule = rule_for(optimizer)
+        self.clip, self.config = clip_grad_norm, config
+        self.wrapper = _LossModule(model, loss_fn)
+        self.cache: dict[tuple, _Compiled] = {}
+        self.compiles = 0  # graphs compiled so far (a new lr or batch of the same shape: none)
+        self._check_params()
+
+    def _check_params(self) -> None:
+        in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        self.params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        missing = [n for n, p in self.params if id(p) not in in_opt]
+        if missing:
+            raise ValueError(f"trainc.compile_step: parameters {missing[:5]} require grad but are "
+                             "not in the optimizer; add them or call requires_grad_(False)")
+        self.group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        self.buffers = list(self.model.named_buffers())
+
+    def __call__(self, *batch: Any, accumulate: bool = False) -> torch.Tensor:
+        key = self._key(batch, accumulate)
+        comp = self.cache.get(key)
+        if comp is None:
+            comp = self.cache[key] = self._compile(batch, accumulate)
+            self.compiles += 1
+            if not self.rule.fresh_matters:  # state just created: same graph from now on
+                self.cache[self._key(batch, accumulate)] = comp
+        return self._run(comp, batch)
+
+    # -- keys and inputs -------------------------------------------------------------------
+    def _key(self, batch, accumulate: bool) -> tuple:
+        ps = tuple((_tkey(p), p.grad is not None, tuple(sorted(self.optimizer.state.get(p, {}))))
+                   for _, p in self.params)
+        groups = tuple(self.rule.flags(g) for g in self.optimizer.param_groups)
+        autocast = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                         for d in ("cpu", "cuda"))
+        return (accumulate, ps, groups, tuple(_tkey(b) for _, b in self.buffers),
+                tuple(_tkey(x) for x in batch), self.model.training, autocast, self.clip)
+
+    def _flat_inputs(self, layout: _Layout, batch) -> list:
+        used = [self.params[i][1] for i in layout.params]
+        acc = [p.grad for p, a in zip(used, layout.acc) if a]
+        states = [self.optimizer.state[p][k] for p, keys in zip(used, layout.state_keys)
+                  for k in keys]
+        hyper = [torch.tensor(v, dtype=torch.float64) for g in self.optimizer.param_groups
+                 for v in hyper_values(self.rule, g)]
+        return ([p for _, p in self.params] + [b for _, b in self.buffers] + acc + states + hyper
+                + list(batch))
+
+    # -- compile ---------------------------------------------------------------------------
+    def _compile(self, batch, accumulate: bool) -> _Compiled:
+        t0, gid = time.perf_counter(), debug.next_graph_id()
+        used = self._used_params(batch)
+        fresh = []
+        for i in used:
+            p = self.params[i][1]
+            empty = not self.optimizer.state.get(p)
+            fresh.append(empty and self.rule.fresh_matters)
+            init = self.rule.init(self.group_of[id(p)], p) if empty and not accumulate else {}
+            if init:
+                self.optimizer.state[p].update(init)
+        keys = tuple(tuple(self.rule.state(self.group_of[id(self.params[i][1])]))
+                     if not accumulate else () for i in used)
+        layout = _Layout(tuple(used), tuple(self.params[i][1].grad is not None for i in used),
+                         tuple(fresh), keys, len(batch))
+        flat = self._flat_inputs(layout, batch)
+        gm, mutated, has_rng = self._trace(layout, flat, accumulate)
+        sig = self._signature(layout, flat, mutated, has_rng, gm)
+        dump = debug.Dumper(self.config, gid)
+        dump.graph("00_step.py", gm, "whole training step after functionalization")
+        gm = run_passes(gm, JOINT_PASSES, dump=dump)
+        gm = run_passes(gm, POST_GRAD_PASSES)
+        backend = get_backend(self.config.backend, _device(flat))
+        compiled = backend.compile(gm, [n.meta.get("val") for n in gm.graph.nodes
+                                        if n.op == "placeholder"])
+        dump.graph("30_step.py", gm, "whole step graph given to the backend")
+        dump.text("30_step_wrapper.py", compiled.source)
+        rec = records.GraphRecord.make(gid, JointGraph(gm, sig), None, gm, None, compiled, None,
+                                       backend.name, time.perf_counter() - t0)
+        records.publish(dataclasses.replace(rec, mode="step"), self.config)
+        return _Compiled(layout, compiled, sig, accumulate)
+
+    def _used_params(self, batch) -> list[int]:
+        """Indices of parameters that receive a gradient (eager skips the others entirely)."""
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with mode, torch.enable_grad():
+            leaves = {n: mode.from_tensor(p).detach().requires_grad_(True) for n, p in self.params}
+            bufs = {n: mode.from_tensor(b) for n, b in self.buffers}
+            fake_batch = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in batch]
+            loss = self._loss(leaves, bufs, fake_batch)
+            grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        return [i for i, g in enumerate(grads) if g is not None]
+
+    def _loss(self, leaves: dict, bufs: dict, batch) -> torch.Tensor:
+        state = {f"model.{n}": t for n, t in {**leaves, **bufs}.items()}
+        loss = torch.func.functional_call(self.wrapper, state, tuple(batch), tie_weights=True)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("trainc.compile_step: loss_fn(model, *batch) must return a scalar "
+                             f"tensor, got {type(loss).__name__}")
+        return loss
+
+    def _trace(self, layout: _Layout, flat: list, accumulate: bool):
+        fn = self._step_fn(layout, accumulate)
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # Inputs enter as plain (non-grad) tensors: the graph writes parameters in place.
+        fakes = [mode.from_tensor(x.detach()) if isinstance(x, torch.Tensor) else x for x in flat]
+        with mode:
+            seed = torch.empty((), dtype=torch.int64)
+            mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed)
+            gm = make_fx(torch.func.functionalize(mutating, remove="mutations"),
+                         decomposition_table=decomps.TABLE)(*fakes, seed)
+        has_rng, mutated = finish_graph(gm, len(flat), 0)
+        return gm, mutated, has_rng
+
+    def _step_fn(self, layout: _Layout, accumulate: bool) -> Callable:
+        n_p, n_b = len(self.params), len(self.buffers)
+        n_acc = sum(layout.acc)
+        n_state = sum(len(k) for k in layout.state_keys)
+        n_hyper = len(self.rule.hyper) * len(self.optimizer.param_groups)
+
+        def whole(*flat):
+            params, rest = flat[:n_p], flat[n_p:]
+            bufs, rest = rest[:n_b], rest[n_b:]
+            acc, rest = list(rest[:n_acc]), rest[n_acc:]
+            states, rest = list(rest[:n_state]), rest[n_state:]
+            hyper, rest = rest[:n_hyper], rest[n_hyper:]
+            batch, seed = rest[:layout.n_batch], rest[layout.n_batch]
+            with rng.tracing(seed), torch.enable_grad():
+                leaves = [p.detach().requires_grad_(True) for p in params]
+                loss = self._loss({n: l for (n, _), l in zip(self.params, leaves)},
+                                  {n: b.detach() for (n, _), b in zip(self.buffers, bufs)}, batch)
+                used = [leaves[i] for i in layout.params]
+                grads = list(torch.autograd.grad(loss, used))
+            with torch.no_grad():
+                grads = [g + acc.pop(0) if a else g for g, a in zip(grads, layout.acc)]
+                if accumulate:
+                    return [loss.detach(), *grads]
+                if self.clip is not None:
+                    grads = _clip(grads, self.clip)
+                self._update(layout, used, grads, states, hyper)
+            return [loss.detach()]
+
+        return whole
+
+    def _update(self, layout: _Layout, used, grads, states, hyper) -> None:
+        by_param = []
+        for keys in layout.state_keys:
+            by_param.append({k: states.pop(0) for k in keys})
+        h_per_group = len(self.rule.hyper)
+        for gi, group in enumerate(self.optimizer.param_groups):
+            h = dict(zip(self.rule.hyper, hyper[gi * h_per_group:(gi + 1) * h_per_group]))
+            ids = {id(p) for p in group["params"]}
+            sel = [j for j, i in enumerate(layout.params) if id(self.params[i][1]) in ids]
+            self.rule.update([used[j] for j in sel], [grads[j] for j in sel],
+                             [by_param[j] for j in sel], h, self.rule.flags(group),
+                             [layout.fresh[j] for j in sel])
+
+    def _signature(self, layout, flat, mutated, has_rng, gm) -> GraphSignature:
+        n_p, n_b = len(self.params), len(self.buffers)
+        n_fixed = n_p + n_b + sum(layout.acc)
+        n_state = sum(len(k) for k in layout.state_keys)
+        kinds = ([InputKind.PARAM] * n_p + [InputKind.BUFFER] * n_b
+                 + [InputKind.USER] * sum(layout.acc) + [InputKind.STATE] * n_state)
+        kinds += [InputKind.SCALAR] * (len(flat) - n_fixed - n_state - layout.n_batch)
+        kinds += [InputKind.USER] * layout.n_batch
+        inputs = tuple(InputInfo(f"primals_{i}", k, False, i in mutated)
+                       for i, k in enumerate(kinds))
+        if has_rng:
+            inputs += (InputInfo("seed", InputKind.SEED, False),)
+        n_out = len(gm.graph.output_node().args[0]) - len(mutated)
+        return GraphSignature(inputs, (), n_out, ((),) * n_out, (), (), False)
+
+    # -- run -------------------------------------------------------------------------------
+    def _run(self, comp: _Compiled, batch) -> torch.Tensor:
+        flat = self._flat_inputs(comp.layout, batch)
+        sig = comp.signature
+        with torch.no_grad():
+            results = comp.graph.run(flat + ([rng.draw_seed()] if sig.has_rng else []))
+            mutated = sig.mutated_inputs
+            for i, new in zip(mutated, results):
+                if new is not flat[i]:
+                    flat[i].copy_(new)
+        loss, grads = results[len(mutated)], results[len(mutated) + 1:]
+        used = [self.params[i][1] for i in comp.layout.params]
+        if comp.accumulate:
+            for p, g in zip(used, grads):
+                p.grad = g
+        else:
+            for _, p in self.params:
+                p.grad = None
+            # LR schedulers check this flag to warn about calling them before optimizer.step().
+            self.optimizer._opt_called = True  # type: ignore[attr-defined]
+        return loss
+
+
+def _clip(grads: list, max_norm: float) -> list:
+    """torch.nn.utils.clip_grad_norm_ with the 2-norm, functionally."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return [g * coef.to(g.dtype) for g in grads]
+
+
+def _tkey(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def _device(flat: list) -> torch.device:
+    for t in flat:
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            return t.device
+    return torch.device("cpu")
+
+
+def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, *,
+                 clip_grad_norm: Optional[float] = None, backend: str = "auto",
+                 memory_budget: Any = None, **options: Any) -> CompiledStep:
+    """The whole training step as one graph: `step = compile_step(...); loss = step(*batch)`.
+
+    Equivalent eager step: `loss = loss_fn(model, *batch); loss.backward();
+    [clip_grad_norm_]; optimizer.step(); optimizer.zero_grad(set_to_none=True)`.
+    `step(*batch, accumulate=True)` only adds this batch's gradients into `.grad` (micro-batch
+    accumulation); the next plain `step(...)` adds its own and applies the update.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
+    config = make_config(backend, memory_budget, **options)
+    if memory_budget is not None:
+        raise NotImplementedError("trainc.compile_step: memory_budget is not supported yet (the "
+                                  "whole-step graph has no autograd boundary to partition)")
+    return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config)
