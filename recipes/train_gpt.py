@@ -1,9 +1,13 @@
 """Train a small character-level GPT on Shakespeare's sonnets, eagerly and with trainc, side by side.
 
     python recipes/train_gpt.py [--steps 40] [--device cpu] [--budget None] [--backend auto]
+                                [--mode step|model]
 
-Both runs start from the same weights and see the same batches; the script prints per-step loss
-and time for each, then the step-time comparison and trainc's memory/recompute report.
+`--mode step` (default) compiles the whole training step (forward, loss, backward, AdamW) with
+trainc.compile_step; `--mode model` compiles the model with trainc.compile and keeps loss and
+optimizer eager (needed for --budget). Both runs start from the same weights and see the same
+batches; the script prints per-step loss and time, then the comparison and trainc's
+memory/recompute report.
 """
 from __future__ import annotations
 
@@ -66,23 +70,45 @@ def batches(data: torch.Tensor, steps: int, batch: int, seq: int, device: str):
         yield x.to(device), y.to(device)
 
 
-def train(model, forward, data, args, label):
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
-    losses, times = [], []
-    for x, y in batches(data, args.steps, args.batch, args.seq, args.device):
-        t0 = time.perf_counter()
-        logits = forward(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-        opt.zero_grad(set_to_none=True)
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+
+def make_step(model: nn.Module, opt, args, compiled: bool):
+    """One training step as a function of the batch: eager, or compiled by trainc."""
+    options = dict(backend=args.backend, memory_budget=args.budget)
+    if compiled and args.mode == "step":
+        return trainc.compile_step(model, loss_fn, opt, **options)
+    forward = trainc.compile(model, **options) if compiled else model
+
+    def step(x, y):
+        loss = loss_fn(forward, x, y)
         loss.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
+def train(model, data, args, label, compiled):
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
+    step = make_step(model, opt, args, compiled)
+    losses, times = [], []
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for x, y in batches(data, args.steps, args.batch, args.seq, args.device):
+        t0 = time.perf_counter()
+        loss = step(x, y)
         sched.step()
         if args.device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    print(f"  {label}: done, final loss {losses[-1]:.3f}")
+    peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None
+    print(f"  {label}: done, final loss {losses[-1]:.3f}"
+          + (f", peak {peak:.0f} MiB" if peak is not None else ""))
     return losses, times
 
 
@@ -96,7 +122,10 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--mode", choices=("step", "model"), default="step")
     args = ap.parse_args()
+    if args.budget is not None and args.mode == "step":
+        ap.error("--budget applies to --mode model (compile_step has no autograd boundary yet)")
 
     text = open(TEXT).read()
     chars = sorted(set(text))
@@ -104,12 +133,11 @@ def main() -> None:
     torch.manual_seed(0)
     eager_model = CharGPT(len(chars), seq=args.seq, dropout=args.dropout).to(args.device)
     trainc_model = copy.deepcopy(eager_model)
-    options = dict(backend=args.backend, memory_budget=args.budget)
     print(f"char-GPT: {sum(p.numel() for p in eager_model.parameters()) / 1e3:.0f}k params, "
-          f"vocab {len(chars)}, {len(text)} chars of text; {args.steps} steps on {args.device}")
-    eager_losses, eager_t = train(eager_model, eager_model, data, args, "eager")
-    compiled = trainc.compile(trainc_model, **options)
-    trainc_losses, trainc_t = train(trainc_model, compiled, data, args, "trainc")
+          f"vocab {len(chars)}, {len(text)} chars of text; {args.steps} steps on {args.device}, "
+          f"trainc mode {args.mode!r}")
+    eager_losses, eager_t = train(eager_model, data, args, "eager", compiled=False)
+    trainc_losses, trainc_t = train(trainc_model, data, args, "trainc", compiled=True)
 
     print(f"\n{'step':>4}  {'eager loss':>10}  {'trainc loss':>11}  {'eager ms':>8}  {'trainc ms':>9}")
     for i, (le, lt, te, tt) in enumerate(zip(eager_losses, trainc_losses, eager_t, trainc_t)):
@@ -121,8 +149,8 @@ def main() -> None:
     print(f"loss fell from {eager_losses[0]:.3f} to {eager_losses[-1]:.3f} (eager), "
           f"{trainc_losses[0]:.3f} to {trainc_losses[-1]:.3f} (trainc)\n")
     x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
-    print("trainc memory/recompute report for one training step:")
-    print(trainc.explain(trainc_model, x, **options))
+    print("trainc memory/recompute report (model forward+backward, as trainc.compile splits it):")
+    print(trainc.explain(trainc_model, x, backend=args.backend, memory_budget=args.budget))
 
 
 if __name__ == "__main__":
