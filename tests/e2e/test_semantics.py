@@ -223,3 +223,21 @@ def test_hook_on_intermediate_is_honoured():
     _compile(f)(x).backward()
     assert len(seen) == 2
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_graph_break_compiles_each_graph_and_stays_correct():
+    def f(x):
+        y = (x * 2).sin()
+        if y.sum() > 0:  # data-dependent branch: Dynamo breaks the graph here
+            y = y * 3
+        return y.cos().sum()
+
+    x = torch.randn(8, requires_grad=True)
+    f(x).backward()
+    expected = x.grad.clone()
+    x.grad = None
+    torch._dynamo.reset()
+    with trainc.records.recording() as recs:
+        trainc.compile(f, backend="aten")(x).backward()
+    assert len(recs) >= 2, "each side of the break is its own graph"
+    torch.testing.assert_close(x.grad, expected)
