@@ -1,4 +1,4 @@
-"""Train a small character-level GPT on Shakespeare's sonnets, eagerly and with trainc, side by side.
+"""Train a character-level GPT on Shakespeare's sonnets, eagerly and with trainc, side by side.
 
     python recipes/train_gpt.py [--steps 40] [--device cpu] [--budget None] [--backend auto]
                                 [--mode step|model]
@@ -15,9 +15,8 @@ import argparse
 import copy
 import math
 import os
-import statistics
-import time
 
+import common
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -75,57 +74,23 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
 
-def make_step(model: nn.Module, opt, args, compiled: bool):
-    """One training step as a function of the batch: eager, or compiled by trainc."""
-    options = dict(backend=args.backend, memory_budget=args.budget)
-    if compiled and args.mode == "step":
-        return trainc.compile_step(model, loss_fn, opt, **options)
-    forward = trainc.compile(model, **options) if compiled else model
-
-    def step(x, y):
-        loss = loss_fn(forward, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-    return step
-
-
-def train(model, data, args, label, compiled):
+def train(model, data, args, label: str, compiled: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
-    step = make_step(model, opt, args, compiled)
-    losses, times = [], []
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    for x, y in batches(data, args.steps, args.batch, args.seq, args.device):
-        t0 = time.perf_counter()
-        loss = step(x, y)
-        sched.step()
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else None
-    print(f"  {label}: done, final loss {losses[-1]:.3f}"
-          + (f", peak {peak:.0f} MiB" if peak is not None else ""))
-    return losses, times
+    step = common.make_step(model, opt, loss_fn, args, compiled)
+    data = batches(data, args.steps, args.batch, args.seq, args.device)
+    return common.train(step, data, args.device, label, after_step=sched.step)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--budget", type=float, default=None, help="trainc memory_budget fraction")
-    ap.add_argument("--backend", default="auto")
+    common.add_args(ap, steps=40)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dropout", type=float, default=0.0)
-    ap.add_argument("--mode", choices=("step", "model"), default="step")
     args = ap.parse_args()
-    if args.budget is not None and args.mode == "step":
-        ap.error("--budget applies to --mode model (compile_step has no autograd boundary yet)")
+    common.check_args(ap, args)
 
     text = open(TEXT).read()
     chars = sorted(set(text))
@@ -136,18 +101,9 @@ def main() -> None:
     print(f"char-GPT: {sum(p.numel() for p in eager_model.parameters()) / 1e3:.0f}k params, "
           f"vocab {len(chars)}, {len(text)} chars of text; {args.steps} steps on {args.device}, "
           f"trainc mode {args.mode!r}")
-    eager_losses, eager_t = train(eager_model, data, args, "eager", compiled=False)
-    trainc_losses, trainc_t = train(trainc_model, data, args, "trainc", compiled=True)
-
-    print(f"\n{'step':>4}  {'eager loss':>10}  {'trainc loss':>11}  {'eager ms':>8}  {'trainc ms':>9}")
-    for i, (le, lt, te, tt) in enumerate(zip(eager_losses, trainc_losses, eager_t, trainc_t)):
-        print(f"{i:>4}  {le:>10.4f}  {lt:>11.4f}  {te * 1e3:>8.1f}  {tt * 1e3:>9.1f}")
-    skip = min(3, args.steps - 1)  # the first steps include trainc's compile
-    med_e, med_t = statistics.median(eager_t[skip:]), statistics.median(trainc_t[skip:])
-    print(f"\nmedian step after warm-up: eager {med_e * 1e3:.1f} ms, trainc {med_t * 1e3:.1f} ms "
-          f"({med_e / med_t:.2f}x); trainc first step {trainc_t[0]:.2f} s (includes compile)")
-    print(f"loss fell from {eager_losses[0]:.3f} to {eager_losses[-1]:.3f} (eager), "
-          f"{trainc_losses[0]:.3f} to {trainc_losses[-1]:.3f} (trainc)\n")
+    eager = train(eager_model, data, args, "eager", compiled=False)
+    compiled = train(trainc_model, data, args, "trainc", compiled=True)
+    common.compare(eager, compiled, args.batch * args.seq, "tokens")
     x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
     print("trainc memory/recompute report (model forward+backward, as trainc.compile splits it):")
     print(trainc.explain(trainc_model, x, backend=args.backend, memory_budget=args.budget))
