@@ -1,23 +1,33 @@
 """Partitioners: a joint graph -> forward graph, backward graph, saved values, decision report.
 
-A partitioner is a function `choose(joint) -> saved nodes`; `split_joint` does the rest, so every
-partitioner yields graphs of the same layout (see trainc/graph.py and partition/split.py).
+A partitioner is `choose(joint, costs, config) -> (saved nodes, mode, note)`; `split_joint` does
+the rest, so every partitioner yields graphs of the same layout (trainc/graph.py, split.py).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator, Optional
 
 import torch.fx as fx
 
 from trainc.config import Config
-from trainc.graph import JointGraph, nbytes, val
+from trainc.graph import JointGraph, val
+from trainc.partition import policy as P
+from trainc.partition.budget import BudgetError, Plan, evaluate
+from trainc.partition.cost import CostModel
+from trainc.partition.memory import MemoryProfile
+from trainc.partition.mincut_choose import choose_mincut
+from trainc.partition.policy import SavePolicy
 from trainc.partition.save_all import choose_save_all
 from trainc.partition.split import split_joint
 
-Chooser = Callable[[JointGraph], list]
+Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[str]]]
 
-PARTITIONERS: dict[str, Chooser] = {"save_all": choose_save_all}
+PARTITIONERS: dict[str, Chooser] = {"save_all": choose_save_all, "mincut": choose_mincut}
+
+__all__ = ["partition", "Partition", "Decision", "SavePolicy", "BudgetError", "PARTITIONERS",
+           "observing", "split_joint"]
 
 
 @dataclass(frozen=True)
@@ -27,11 +37,12 @@ class Decision:
     op: str
     shape: tuple[int, ...]
     dtype: str
-    nbytes: int
+    nbytes: int  # bytes saving it keeps alive (its storage; 0 for graph inputs and their views)
     action: str  # "saved" | "recomputed"
-    is_input: bool  # graph inputs (parameters, ...) are saved for free
+    is_input: bool  # graph inputs (parameters, ...) and their views are saved for free
     recompute_flops: int
     rule: str
+    storage: str = ""  # node owning the storage: saved views of one base are counted once
 
 
 @dataclass(frozen=True)
@@ -40,33 +51,94 @@ class Partition:
     bwd: fx.GraphModule  # [saved, tangents] -> grads
     saved: tuple[str, ...]
     decisions: tuple[Decision, ...]
+    memory: Optional[MemoryProfile] = None  # simulated liveness of fwd then bwd
+    notes: tuple[str, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
         """Activation bytes the forward keeps for the backward (graph inputs not counted)."""
-        return sum(d.nbytes for d in self.decisions if d.action == "saved" and not d.is_input)
+        storages = {d.storage or d.name: d.nbytes for d in self.decisions
+                    if d.action == "saved" and not d.is_input}
+        return sum(storages.values())
 
     @property
     def recompute_flops(self) -> int:
         return sum(d.recompute_flops for d in self.decisions if d.action == "recomputed")
 
 
+_observers: list[list[Partition]] = []
+
+
+@contextlib.contextmanager
+def observing() -> Iterator[list[Partition]]:
+    """Collect every Partition made inside the block (for reports)."""
+    seen: list[Partition] = []
+    _observers.append(seen)
+    try:
+        yield seen
+    finally:
+        _observers.remove(seen)
+
+
 def partition(joint: JointGraph, config: Config) -> Partition:
     if config.partitioner not in PARTITIONERS:
         raise ValueError(f"trainc: unknown partitioner {config.partitioner!r}; "
                          f"known: {sorted(PARTITIONERS)}")
-    if config.memory_budget is not None and config.partitioner == "save_all":
-        raise NotImplementedError("trainc: memory_budget needs the min-cut partitioner, which "
-                                  "is not available yet; pass memory_budget=None")
-    saved = PARTITIONERS[config.partitioner](joint)
+    policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
+    costs = CostModel(joint.gm, policy)
+    saved, mode, note = PARTITIONERS[config.partitioner](joint, costs, config)
+    plan = evaluate(joint, costs, saved, mode)
     fwd, bwd = split_joint(joint, saved)
-    decisions = tuple(_decision(n, "saved", config.partitioner) for n in saved)
-    return Partition(fwd, bwd, tuple(n.name for n in saved), decisions)
+    part = Partition(fwd, bwd, tuple(n.name for n in saved), _decisions(plan, costs, mode),
+                     plan.memory, (note,) if note else ())
+    for seen in _observers:
+        seen.append(part)
+    return part
 
 
-def _decision(n: fx.Node, action: str, rule: str, flops: int = 0) -> Decision:
+def _decisions(plan: Plan, costs: CostModel, mode: str) -> tuple[Decision, ...]:
+    out = [_decision(n, costs, "saved", _saved_rule(n, costs, mode)) for n in plan.saved]
+    out += [_decision(n, costs, "recomputed", _recompute_rule(n, costs, mode))
+            for n in plan.recomputed]
+    return tuple(out)
+
+
+def _saved_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
+    cls = costs[n].cls
+    owner = costs.by_name.get(costs[n].storages[0]) if costs[n].storages else None
+    if cls == P.VIEW and owner is not None and owner is not n and owner in costs.costs:
+        return f"view of {owner.name}: " + _saved_rule(owner, costs, mode)
+    if cls == P.INPUT or costs[n].nbytes == 0:
+        return "graph input (or a view of one): saving is free"
+    if mode == "save_all":
+        return "save_all: every value the backward reads is saved"
+    if cls == P.NEVER:
+        return f"policy: {P.op_name(n)} is never recomputed"
+    if cls == P.EXPENSIVE and mode == "default":
+        return f"policy: {P.op_name(n)} is expensive, not recomputed without a budget"
+    if mode == "default":
+        return "min-cut: the fewest bytes on this path to the backward"
+    return "budget: saving beats recomputing within the peak-memory cap"
+
+
+def _recompute_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
+    cls = costs[n].cls
+    if cls == P.RANDOM:
+        return "random: philox replays the forward's bits from the saved seed"
+    if cls == P.EXPENSIVE:
+        return "budget: expensive op recomputed to meet the peak-memory cap"
+    if mode == "default":
+        return f"policy: {cls} op; min-cut: recomputing is cheaper than saving"
+    return f"budget: {cls} op recomputed to meet the peak-memory cap"
+
+
+def _decision(n: fx.Node, costs: CostModel, action: str, rule: str) -> Decision:
     v = val(n)
-    shape = tuple(v.shape) if hasattr(v, "shape") else ()
+    c = costs[n]
+    shape = tuple(int(s) for s in v.shape) if hasattr(v, "shape") else ()
     dtype = str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else type(v).__name__
     op = n.op if n.op == "placeholder" else str(n.target)
-    return Decision(n.name, op, shape, dtype, nbytes(v), action, n.op == "placeholder", flops, rule)
+    is_input = c.cls == P.INPUT or (bool(c.storages) and c.nbytes == 0)
+    flops = c.flops if action == "recomputed" else 0
+    return Decision(n.name, op, shape, dtype, c.nbytes, action, is_input, flops, rule,
+                    c.storages[0] if len(c.storages) == 1 else "")

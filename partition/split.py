@@ -1,8 +1,9 @@
 """Joint graph + the set of values to save -> (forward graph, backward graph).
 
 Forward: primals -> [fwd outputs] + [saved]. Backward: [saved] + tangents -> grads. Anything the
-backward needs that is not saved is recomputed there from saved values; a primal it needs must
-be saved. Only this module turns one graph into two.
+backward needs that is not saved is recomputed there from saved values, each value just before
+its first use (so recomputed values are not all live at once); a primal it needs must be saved.
+Only this module turns one graph into two.
 """
 from __future__ import annotations
 
@@ -31,34 +32,84 @@ def joint_outputs(joint: JointGraph) -> tuple[list, list]:
     return outs[:nf], outs[nf:]
 
 
-def split_joint(joint: JointGraph, saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
-    fwd_outs, grad_outs = joint_outputs(joint)
+def inputs_of(joint: JointGraph) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(primals incl. the seed, tangents) placeholders of the joint graph."""
     placeholders = [n for n in joint.gm.graph.nodes if n.op == "placeholder"]
-    primals = [p for p in placeholders if not p.name.startswith("tangents_")]
     tangents = [p for p in placeholders if p.name.startswith("tangents_")]
-    fwd = _extract(joint.gm, primals, list(fwd_outs) + list(saved), stop=set(primals))
-    bwd = _extract(joint.gm, list(saved) + tangents, grad_outs, stop=set(saved) | set(tangents))
+    return [p for p in placeholders if p not in tangents], tangents
+
+
+def execution_order(joint: JointGraph, saved: Sequence[fx.Node]) -> tuple[list, list]:
+    """The call_function nodes of the forward and of the backward graph, in execution order."""
+    fwd_outs, grad_outs = joint_outputs(joint)
+    primals, tangents = inputs_of(joint)
+    fwd_needed = _ancestors(list(fwd_outs) + list(saved), set(primals))
+    fwd = [n for n in joint.gm.graph.nodes if n in fwd_needed and n.op == "call_function"]
+    stop = set(saved) | set(tangents)
+    bwd_needed = _ancestors(grad_outs, stop)
+    for n in bwd_needed - stop:
+        if n.op == "placeholder":
+            raise AssertionError(f"trainc partition: {n.name} is needed but neither saved "
+                                 "nor an input of this graph")
+    bwd = _lazy_order(joint.gm, bwd_needed - stop, tangent_dependent(joint.gm), grad_outs)
     return fwd, bwd
 
 
-def _extract(gm: fx.GraphModule, inputs: list[fx.Node], outputs: Iterable, stop: set) -> fx.GraphModule:
-    """A new graph computing `outputs` from `inputs`, copying the nodes in between."""
-    outputs = list(outputs)
-    needed = _ancestors(outputs, stop)
+def split_joint(joint: JointGraph,
+                saved: Sequence[fx.Node]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    fwd_outs, grad_outs = joint_outputs(joint)
+    primals, tangents = inputs_of(joint)
+    fwd_order, bwd_order = execution_order(joint, saved)
+    fwd = _build(joint.gm, primals, fwd_order, list(fwd_outs) + list(saved))
+    bwd = _build(joint.gm, list(saved) + tangents, bwd_order, grad_outs)
+    return fwd, bwd
+
+
+def _build(gm: fx.GraphModule, inputs: list, order: list, outputs: Iterable) -> fx.GraphModule:
+    """A new graph: placeholders `inputs`, then copies of `order`, returning `outputs`."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in inputs:
         env[n] = graph.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    for n in gm.graph.nodes:
-        if n in needed and n not in env:
-            if n.op == "placeholder":
-                raise AssertionError(f"trainc partition: {n.name} is needed but neither saved "
-                                     "nor an input of this graph")
+    for n in order:
+        if n not in env:
             env[n] = graph.node_copy(n, lambda a: env[a])
     graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
     graph.lint()
     return fx.GraphModule(gm, graph)
+
+
+def _lazy_order(gm: fx.GraphModule, needed: set, anchors: set, outputs: list) -> list:
+    """Backward nodes in joint order; each recomputed node is pulled in just before its first
+    user, so recomputation interleaves with the backward instead of preceding it."""
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    done: set[fx.Node] = set()
+    order: list[fx.Node] = []
+
+    def pull(node: fx.Node) -> None:
+        pending, work = set(), [a for a in node.all_input_nodes if a in needed]
+        while work:
+            m = work.pop()
+            if m in done or m in pending:
+                continue
+            pending.add(m)
+            work.extend(a for a in m.all_input_nodes if a in needed)
+        for m in sorted(pending, key=index.__getitem__):
+            done.add(m)
+            order.append(m)
+
+    for n in gm.graph.nodes:
+        if n in needed and n in anchors and n not in done:
+            pull(n)
+            done.add(n)
+            order.append(n)
+    for o in outputs:
+        if isinstance(o, fx.Node) and o in needed and o not in done:
+            pull(o)
+            done.add(o)
+            order.append(o)
+    return order
 
 
 def _ancestors(outputs: list, stop: set) -> set[fx.Node]:

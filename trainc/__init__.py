@@ -7,6 +7,7 @@ from trainc import rng as _rng  # registers torch.ops.trainc.*  # noqa: F401
 from trainc.api import Explanation, compile, explain
 from trainc.config import Config
 from trainc.joint import UnsupportedError
+from trainc import report  # noqa: E402  trainc.report.tradeoff
 from trainc.step import CompiledStep, compile_step
 
 __all__ = ["compile", "compile_step", "explain", "CompiledStep", "Explanation", "Config",

@@ -18,8 +18,11 @@ class Config:
     # None: speed-optimal partition; float in [0, 1]: fraction of save-everything
     # activation bytes; int: bytes.
     memory_budget: Optional[Union[float, int]] = None
-    # "save_all" keeps every value the backward reads (the seam's reference partition).
-    partitioner: str = "save_all"
+    # "mincut": min-cut on the bytes/FLOPs cost model (partition/); "save_all" keeps every
+    # value the backward reads (the reference partition).
+    partitioner: str = "mincut"
+    # Save policy (trainc.partition.policy.SavePolicy): which ops may be recomputed; None: default.
+    policy: Optional[Any] = None
     debug: bool = False  # TRAINC_DEBUG=1: one summary line per compile
     debug_dir: Optional[str] = None  # TRAINC_DEBUG_DIR: dump every stage as runnable Python
 

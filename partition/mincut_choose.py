@@ -1,0 +1,42 @@
+"""The min-cut partitioner: without a budget, the fewest saved bytes that recompute no expensive
+op; with one, the least recompute whose simulated peak memory fits (see budget.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.fx as fx
+
+from trainc.config import Config
+from trainc.graph import JointGraph
+from trainc.partition import budget as B
+from trainc.partition.cost import CostModel
+from trainc.partition.mincut import min_cut
+from trainc.partition.save_all import save_all_nodes
+
+
+def default_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
+    """Bytes first, recompute cost as the tie-break: save weight exceeds any recompute total."""
+    big = sum(c.recompute for c in costs.costs.values()) + 1
+    return min_cut(joint, costs, save_weight=big, recompute_weight=1, under_budget=False)
+
+
+def choose_mincut(joint: JointGraph, costs: CostModel,
+                  config: Config) -> tuple[list[fx.Node], str, Optional[str]]:
+    saved = default_saved(joint, costs)
+    if config.memory_budget is None:
+        return saved, "default", None
+    plans = budget_plans(joint, costs, saved)
+    best, note = B.choose(plans, plans[0], config.memory_budget,
+                          f"a graph of {len(joint.gm.graph.nodes)} nodes")
+    return list(best.saved), "budget", note
+
+
+def budget_plans(joint: JointGraph, costs: CostModel, default: list) -> list[B.Plan]:
+    """Every candidate; the first is the save-all plan (the budget's reference). Cached on the
+    graph module per policy, so partitioning one graph at several budgets sweeps once."""
+    cache = joint.gm.meta.setdefault("trainc_budget_plans", {})
+    if costs.policy not in cache:
+        save_all = B.evaluate(joint, costs, save_all_nodes(joint), "save_all")
+        extra = [save_all, B.evaluate(joint, costs, default, "default")]
+        cache[costs.policy] = B.candidates(joint, costs, extra)
+    return cache[costs.policy]

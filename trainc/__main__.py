@@ -1,0 +1,71 @@
+"""Command line: `python -m trainc report <suite model | module:callable> [--device cuda]
+[--budgets none 1.0 0.5 0.0] [--out DIR]`. A callable returns (model, inputs, loss_fn)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Optional, Sequence, Union
+
+import torch
+
+SUITE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "models.py")
+
+
+def parse_budget(text: str) -> Optional[Union[float, int]]:
+    """'none' -> None; '0.5' (has a dot or exponent) -> fraction; '1000000' -> bytes."""
+    if text.lower() == "none":
+        return None
+    if any(c in text for c in ".eE"):
+        return float(text)
+    return int(text)
+
+
+def load_workload(spec: str, device: str, suite: str):
+    if ":" in spec:
+        module, attr = spec.split(":", 1)
+        factory = getattr(importlib.import_module(module), attr)
+        try:
+            return factory(device=device)
+        except TypeError:
+            return factory()
+    if not os.path.exists(suite):
+        raise SystemExit(f"trainc report: no suite at {suite}; pass --suite or module:callable")
+    spec_ = importlib.util.spec_from_file_location("trainc_bench_models", suite)
+    models = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(models)
+    if spec not in models.NAMES:
+        raise SystemExit(f"trainc report: unknown suite model {spec!r}; known: {models.NAMES}")
+    return models.build(spec, device=device, scale="gpu" if device == "cuda" else "cpu")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainc")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rep = sub.add_parser("report", help="memory / recompute trade-off report")
+    rep.add_argument("workload", help="suite model name or module:callable")
+    rep.add_argument("--device", default="cpu")
+    rep.add_argument("--budgets", nargs="+", default=["none", "1.0", "0.75", "0.5", "0.25",
+                                                      "0.1", "0.0"])
+    rep.add_argument("--out", default="trainc_report")
+    rep.add_argument("--steps", type=int, default=5)
+    rep.add_argument("--backend", default="auto")
+    rep.add_argument("--suite", default=SUITE, help="path of the shared models.py")
+    args = ap.parse_args(argv)
+    from trainc import report
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("trainc report: --device cuda but CUDA is not available")
+    model, inputs, loss_fn = load_workload(args.workload, args.device, args.suite)
+    budgets = [parse_budget(b) for b in args.budgets]
+    name = args.workload.replace(":", "_").replace(".", "_")
+    result = report.tradeoff(model, inputs, loss_fn, budgets, name=name, steps=args.steps,
+                             out_dir=args.out, backend=args.backend)
+    print(result.table())
+    print(f"wrote {args.out}/{name}_tradeoff.csv, .json, .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
