@@ -84,7 +84,10 @@ def choose(plans: Sequence[Plan], save_all: Plan, budget: Union[int, float],
                 f"memory_budget >= {smallest} bytes{frac}")
         note = (f"memory_budget={budget} is below the smallest feasible {smallest} bytes"
                 f"{frac}: using the lowest-peak plan")
-        cap = floor
+        # The user asked for less than any plan reaches: least memory first, also in saved
+        # bytes (else a graph whose peak no plan moves would keep everything at budget 0).
+        return min(plans, key=lambda p: (p.memory.peak, p.memory.saved_bytes,
+                                         p.recompute_cost)), note
     fits = [p for p in plans if p.memory.peak <= cap]
     best = min(fits, key=lambda p: (p.recompute_cost, p.memory.peak, p.memory.saved_bytes))
     return best, note

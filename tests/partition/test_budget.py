@@ -89,8 +89,10 @@ def test_infeasible_budget_names_the_smallest_feasible_one():
         split(joint, memory_budget=smallest - 1)
 
 
-@pytest.mark.parametrize("budget,mask_recomputed", [(None, True), (0.0, False), (0.5, False)])
-def test_dropout_mask_identical_whether_saved_or_recomputed(budget, mask_recomputed):
+@pytest.mark.parametrize("budget,partitioner,mask_recomputed", [
+    (None, "mincut", True), (0.0, "mincut", True), (0.5, "mincut", True),
+    (None, "save_all", False)])
+def test_dropout_mask_identical_whether_saved_or_recomputed(budget, partitioner, mask_recomputed):
     p = 0.3
     torch._dynamo.reset()
 
@@ -98,16 +100,17 @@ def test_dropout_mask_identical_whether_saved_or_recomputed(budget, mask_recompu
         return F.dropout(x * 1.5, p, training=True).tanh()
 
     x = torch.randn(128, 33, requires_grad=True)
-    c = trainc.compile(f, backend="aten", memory_budget=budget)
+    opts = dict(backend="aten", memory_budget=budget, partitioner=partitioner)
+    c = trainc.compile(f, **opts)
     x2 = x.detach().clone().requires_grad_(True)
     y = c(x2)
     y.sum().backward()
     mask = (y.detach() != 0).float()
     expected = mask * 1.5 / (1 - p) * (1 - y.detach() ** 2)
     torch.testing.assert_close(x2.grad, expected)
-    expl = trainc.explain(f, x, backend="aten", memory_budget=budget)
+    expl = trainc.explain(f, x, **opts)
     random = [d for d in expl.graphs[0].decisions if d.op == "trainc.philox_uniform.default"
               and d.action == "recomputed"]
-    # Without a budget the mask is rebuilt from the seed; at these budgets the lowest-peak
-    # plan saves the (masked) values instead. Both must give the forward's mask.
+    # min-cut rebuilds the mask from the seed in the backward; save_all saves the masked
+    # values. Both must give the forward's mask.
     assert bool(random) == mask_recomputed
