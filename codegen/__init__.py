@@ -6,10 +6,13 @@ generated-code backends (cpp, triton) register here under their names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import torch
 import torch.fx as fx
+
+if TYPE_CHECKING:
+    from trainc.config import Config
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class AtenBackend:
     """Runs graphs op by op through ATen: always correct, never fast, the oracle for codegen."""
     name = "aten"
 
+    def __init__(self, config: Optional["Config"] = None):
+        self.config = config
+
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         ops = sorted({str(n.target) for n in gm.graph.nodes
                       if isinstance(n.target, torch._ops.OpOverload) and not is_extern(n.target)})
@@ -55,10 +61,16 @@ def is_extern(op: torch._ops.OpOverload) -> bool:
     return op.overloadpacket in EXTERN_OPS
 
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"aten": AtenBackend}
+def _cpp_backend(config: Optional["Config"]) -> Backend:
+    from trainc.codegen.cpp import CppBackend  # imports lowerings: only when asked for
+    return CppBackend(config)
 
 
-def get_backend(name: str, device: torch.device) -> Backend:
+BACKENDS: dict[str, Callable[[Optional["Config"]], Backend]] = {
+    "aten": AtenBackend, "cpp": _cpp_backend}
+
+
+def get_backend(name: str, device: torch.device, config: Optional["Config"] = None) -> Backend:
     """Resolve "auto" (cpp on CPU, triton on CUDA, falling back to aten until those exist)."""
     if name == "auto":
         preferred = "triton" if device.type == "cuda" else "cpp"
@@ -66,4 +78,4 @@ def get_backend(name: str, device: torch.device) -> Backend:
     if name not in BACKENDS:
         raise NotImplementedError(f"trainc: backend {name!r} is not implemented yet; "
                                   f"available: {sorted(BACKENDS)}")
-    return BACKENDS[name]()
+    return BACKENDS[name](config)

@@ -25,12 +25,21 @@ class Config:
     policy: Optional[Any] = None
     debug: bool = False  # TRAINC_DEBUG=1: one summary line per compile
     debug_dir: Optional[str] = None  # TRAINC_DEBUG_DIR: dump every stage as runnable Python
+    # backend="cpp": compiler (TRAINC_CXX), its flags (TRAINC_CPP_FLAGS) and the on-disk cache
+    # of built kernels (TRAINC_CACHE_DIR; default ~/.cache/trainc).
+    cpp_compiler: str = "g++"
+    cpp_flags: str = ("-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math "
+                      "-std=c++17 -w")
+    cache_dir: Optional[str] = None
 
 
 def _env_defaults() -> dict[str, Any]:
     return {
         "debug": os.environ.get("TRAINC_DEBUG", "") not in ("", "0"),
         "debug_dir": os.environ.get("TRAINC_DEBUG_DIR") or None,
+        "cpp_compiler": os.environ.get("TRAINC_CXX") or Config.cpp_compiler,
+        "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
+        "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
     }
 
 

@@ -28,7 +28,7 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     part = partition(joint, config) if joint.signature.training else None
     fwd_gm = run_passes(part.fwd if part else joint.gm, POST_GRAD_PASSES)
     bwd_gm = run_passes(part.bwd, POST_GRAD_PASSES) if part else None
-    backend = get_backend(config.backend, _device(args))
+    backend = get_backend(config.backend, _device(args), config)
     fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
     bwd = backend.compile(bwd_gm, _example_inputs(bwd_gm)) if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd)

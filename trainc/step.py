@@ -130,7 +130,7 @@ class CompiledStep:
         dump.graph("00_step.py", gm, "whole training step after functionalization")
         gm = run_passes(gm, JOINT_PASSES, dump=dump)
         gm = run_passes(gm, POST_GRAD_PASSES)
-        backend = get_backend(self.config.backend, _device(flat))
+        backend = get_backend(self.config.backend, _device(flat), self.config)
         compiled = backend.compile(gm, [n.meta.get("val") for n in gm.graph.nodes
                                         if n.op == "placeholder"])
         dump.graph("30_step.py", gm, "whole step graph given to the backend")

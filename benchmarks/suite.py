@@ -1,0 +1,109 @@
+"""CPU/GPU benchmark: eager vs torch.compile (Inductor) vs trainc on the shared models.
+
+Per model: first-call seconds (compile), then median step ms over interleaved steps in one
+process (eager, inductor, trainc, eager, ...), and trainc's kernel count. Usage:
+  python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "shared", "bench")))
+import models  # noqa: E402
+
+import trainc  # noqa: E402
+from trainc import records  # noqa: E402
+
+MODES = ("eager", "inductor", "trainc")
+
+
+def _compiled(mode: str, model, backend: str):
+    if mode == "eager":
+        return model
+    if mode == "inductor":
+        return torch.compile(model)
+    return trainc.compile(model, backend=backend)
+
+
+def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -> dict:
+    device = "cuda" if scale == "gpu" else "cpu"
+    torch._dynamo.reset()
+    runs, row = {}, {"model": name, "dtype": str(dtype).replace("torch.", "")}
+    for mode in MODES:
+        m, x, loss = models.build(name, device, scale, dtype)
+        fn = _compiled(mode, m, backend)
+        step = (lambda fn=fn, x=x, loss=loss: models.step(fn, x, loss))
+        with records.recording() as recs:
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            row[f"{mode}_first_s"] = time.perf_counter() - t0
+        if mode == "trainc":
+            row["kernels"] = sum(len(r.kernels) for r in recs)
+            row["fallbacks"] = sorted({op for r in recs for op in r.fallback_ops})
+        for _ in range(2):
+            step()
+        runs[mode] = (step, [])
+    for _ in range(iters):
+        for mode in MODES:
+            step, times = runs[mode]
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+    for mode in MODES:
+        row[f"{mode}_ms"] = statistics.median(runs[mode][1])
+    return row
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def table(rows: list[dict]) -> str:
+    head = ("model", "dtype", "eager ms", "inductor ms", "trainc ms", "trainc/inductor",
+            "trainc/eager", "inductor first s", "trainc first s", "kernels", "fallbacks")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = (r["model"], r["dtype"], f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}",
+                 f"{r['trainc_ms']:.2f}", f"{r['trainc_ms'] / r['inductor_ms']:.2f}",
+                 f"{r['trainc_ms'] / r['eager_ms']:.2f}", f"{r['inductor_first_s']:.1f}",
+                 f"{r['trainc_first_s']:.1f}", str(r["kernels"]), str(len(r["fallbacks"])))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--write", default=None, help="append the table to this markdown file")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    rows = []
+    for name in a.names or models.NAMES:
+        rows.append(bench(name, a.scale, getattr(torch, a.dtype), a.iters, a.backend))
+        print(rows[-1], flush=True)
+    text = table(rows)
+    print(text)
+    if a.write:
+        cmd = "python benchmarks/suite.py " + " ".join(sys.argv[1:])
+        with open(a.write, "a") as f:
+            f.write(f"\n## {datetime.date.today()} — `{cmd}` (torch {torch.__version__}, "
+                    f"{os.cpu_count()} CPUs)\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()

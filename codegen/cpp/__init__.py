@@ -1,0 +1,58 @@
+"""The C++ CPU backend: FX graph -> lowered IR -> fused kernels -> one C++ library + wrapper."""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Optional, Sequence
+
+import torch.fx as fx
+
+from trainc.codegen import CompiledGraph, is_extern
+from trainc.codegen.cpp.build import build
+from trainc.codegen.cpp.printer import kernel_source
+from trainc.codegen.graph import CallNode, lower
+from trainc.codegen.lowerings import LOWERINGS
+from trainc.codegen.scheduler import Kernel, schedule
+from trainc.codegen.wrapper import write_wrapper
+from trainc.config import Config, make_config
+
+_PRELUDE = open(os.path.join(os.path.dirname(__file__), "prelude.h")).read()
+
+
+class CppBackend:
+    name = "cpp"
+
+    def __init__(self, config: Optional[Config] = None):
+        self.config = config or make_config()
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
+        t0 = time.perf_counter()
+        sched = schedule(lower(gm, LOWERINGS, is_extern))
+        kernels = [k for k in sched.items if isinstance(k, Kernel)]
+        sources, params = [], {}
+        for k in kernels:
+            src, ps = kernel_source(k, sched.graph)
+            sources.append(src)
+            params[k.name] = ps
+        cpp = _PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
+        lib, path, hit = build(cpp, self.config) if kernels else (None, "", True)
+        funcs = _Kernels()
+        for k in kernels:
+            f = getattr(lib, k.name)
+            f.argtypes = [ctypes.c_void_p] * len(params[k.name])
+            f.restype = None
+            setattr(funcs, k.name, f)
+        wrapper = write_wrapper(sched, params)
+        fallbacks = sorted({str(c.target) for c in sched.items
+                            if isinstance(c, CallNode) and c.kind == "fallback"})
+        source = (wrapper.source + f"\n\n# C++ kernels ({path or 'none'}):\nCPP_SOURCE = r'''\n"
+                  + cpp + "'''\n")
+        return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
+                             tuple(fallbacks), source,
+                             {"cpp": cpp, "library": path, "cache_hit": hit,
+                              "seconds": time.perf_counter() - t0})
+
+
+class _Kernels:
+    """Namespace of the library's kernel functions (ctypes), as the wrapper calls them."""

@@ -1,0 +1,396 @@
+"""Schedule kernels -> C++ source: OpenMP-parallel outer loop, `omp simd` innermost loops.
+
+Values compute in float for float32/bfloat16/float16 (double for float64); bfloat16 and
+float16 round only when stored or explicitly cast. Every pointer is __restrict__.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import sympy
+import torch
+
+from trainc.codegen import ir
+from trainc.codegen.graph import ComputeNode, LoweredGraph
+from trainc.codegen.scheduler import Kernel, Loop
+
+PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
+
+STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
+           torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
+           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
+           torch.bool: "bool"}
+
+
+def ctype(dtype: torch.dtype) -> str:
+    """The C type a value of `dtype` computes in."""
+    if dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return "float"
+    return STORAGE[dtype]
+
+
+def index_code(e) -> str:
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        return "(" + " + ".join(index_code(a) for a in e.args) + ")"
+    if e.is_Mul:
+        return "(" + " * ".join(index_code(a) for a in e.args) + ")"
+    if isinstance(e, ir.FloorDiv):
+        return f"({index_code(e.args[0])} / {index_code(e.args[1])})"
+    if isinstance(e, ir.ModIndex):
+        return f"({index_code(e.args[0])} % {index_code(e.args[1])})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = "std::min<int64_t>" if isinstance(e, sympy.Min) else "std::max<int64_t>"
+        out = index_code(e.args[0])
+        for a in e.args[1:]:
+            out = f"{f}({out}, {index_code(a)})"
+        return out
+    raise NotImplementedError(f"trainc cpp: index expression {e!r}")
+
+
+def const_code(value, dtype: torch.dtype) -> str:
+    t = ctype(dtype)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if not dtype.is_floating_point:
+        return f"(({t}){int(value)}LL)"
+    if math.isnan(value):
+        return f"std::numeric_limits<{t}>::quiet_NaN()"
+    if math.isinf(value):
+        return f"{'-' if value < 0 else ''}std::numeric_limits<{t}>::infinity()"
+    return f"(({t}){float(value)!r})"
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=",
+          "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||",
+          "xor": "!=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+          "lshift": "<<", "rshift": ">>"}
+_CALL = {"exp": "tc_exp", "exp2": "std::exp2", "expm1": "std::expm1", "log": "std::log",
+         "log2": "std::log2", "log1p": "std::log1p", "sqrt": "std::sqrt", "sin": "std::sin",
+         "cos": "std::cos", "tan": "std::tan", "tanh": "tc_tanh", "erf": "tc_erf",
+         "erfc": "std::erfc", "atan": "std::atan", "asin": "std::asin", "acos": "std::acos",
+         "sinh": "std::sinh", "cosh": "std::cosh", "floor": "std::floor", "ceil": "std::ceil",
+         "trunc": "std::trunc", "round": "std::nearbyint", "pow": "std::pow",
+         "isnan": "std::isnan", "isinf": "std::isinf", "sign": "tc_sign"}
+
+
+class Body:
+    """Prints expressions into a list of statements, one temporary per distinct sub-expression."""
+
+    def __init__(self, printer: "KernelPrinter", indent: str):
+        self.p, self.indent = printer, indent
+        self.lines: list[str] = []
+        self.memo: dict = {}
+        self.defined: set = set()
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def value(self, e: ir.Expr) -> str:
+        if e in self.memo:
+            return self.memo[e]
+        code = self._code(e)
+        if isinstance(e, ir.Const):
+            self.memo[e] = code
+            return code
+        name = self.p.tmp()
+        self.emit(f"const {ctype(e.dtype)} {name} = {code};")
+        self.memo[e] = name
+        return name
+
+    def index(self, e) -> str:
+        for s in sorted(sympy.sympify(e).free_symbols, key=lambda s: s.name):
+            if s in ir.INDIRECT and s not in self.defined:
+                value, size = ir.INDIRECT[s]
+                v = self.value(value)
+                self.emit(f"const int64_t {s.name} = {v} < 0 ? {v} + {size} : {v};")
+                self.defined.add(s)
+        return index_code(e)
+
+    def _code(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.Const):
+            return const_code(e.value, e.dtype)
+        if isinstance(e, ir.IndexValue):
+            return f"(({ctype(e.dtype)}){self.index(e.expr)})"
+        if isinstance(e, ir.Load):
+            return self.p.load(self, e)
+        a = [self.value(x) for x in e.args]
+        return op_code(e, a, [x.dtype for x in e.args])
+
+
+def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
+    n, t = e.name, ctype(e.dtype)
+    fp = e.dtype.is_floating_point
+    if n in _INFIX:
+        return f"({a[0]} {_INFIX[n]} {a[1]})"
+    if n in _CALL:
+        return f"{_CALL[n]}({', '.join(a)})"
+    simple = {
+        "neg": f"(-{a[0]})", "not": f"(!{a[0]})", "bitwise_not": f"(~{a[0]})"
+        if e.dtype != torch.bool else f"(!{a[0]})",
+        "abs": f"std::abs({a[0]})", "reciprocal": f"(({t})1 / {a[0]})",
+        "rsqrt": f"(({t})1 / std::sqrt({a[0]}))",
+        "sigmoid": f"(({t})1 / (({t})1 + tc_exp(-{a[0]})))",
+        "where": f"({a[0]} ? {a[1]} : {a[2]})" if len(a) == 3 else "",
+        "philox_uniform": f"philox_uniform({a[0]}, {a[1]})" if len(a) == 2 else "",
+    }
+    if n in simple:
+        return simple[n]
+    if n in ("maximum", "minimum"):
+        f = "tc_max" if n == "maximum" else "tc_min"
+        return f"{f}<{t}>({a[0]}, {a[1]})"
+    if n == "floordiv":
+        return f"std::floor({a[0]} / {a[1]})" if fp else f"tc_floordiv<{t}>({a[0]}, {a[1]})"
+    if n == "remainder":
+        return f"tc_fmod_py({a[0]}, {a[1]})" if fp else f"tc_mod<{t}>({a[0]}, {a[1]})"
+    if n == "cast":
+        return cast_code(a[0], dts[0], e.dtype)
+    raise NotImplementedError(f"trainc cpp: op {n}")
+
+
+def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    if dst == torch.bfloat16:
+        return f"round_bf16((float){x})"
+    if dst == torch.float16:
+        return f"round_f16((float){x})"
+    return f"(({ctype(dst)}){x})"
+
+
+class KernelPrinter:
+    def __init__(self, kern: Kernel, g: LoweredGraph):
+        self.k, self.g = kern, g
+        self.params: dict[str, bool] = {}  # buffer -> written
+        self.values: dict[str, str] = {}  # buffer -> C var holding its value here
+        self._tmp = 0
+
+    def tmp(self) -> str:
+        self._tmp += 1
+        return f"t{self._tmp}"
+
+    def load(self, body: Body, e: ir.Load) -> str:
+        if e.buf in self.values:
+            return self.values[e.buf]
+        self.params.setdefault(e.buf, False)
+        x = f"{e.buf}[{body.index(e.index)}]"
+        dt = self.g.buffers[e.buf].dtype
+        return f"bf2f({x})" if dt == torch.bfloat16 else (f"(float){x}" if dt == torch.float16
+                                                            else x)
+
+    def store(self, body: Body, n: ComputeNode, index: str, v: str, op: str = "=") -> None:
+        self.params[n.name] = True
+        dt = n.dtype
+        target = f"{n.name}[{index}]"
+        if op == "+=":
+            cur = f"bf2f({target})" if dt == torch.bfloat16 else target
+            v = f"({cur} + {v})"
+        if dt == torch.bfloat16:
+            v = f"f2bf({v})"
+        elif dt == torch.float16:
+            v = f"(_Float16)({v})"
+        else:
+            v = f"({STORAGE[dt]})({v})"
+        body.emit(f"{target} = {v};")
+
+    # -- kernel ---------------------------------------------------------------------------
+    def source(self) -> str:
+        osyms = ir.symbols("o", self.k.outer)
+        body = Body(self, "    ")
+        if self.k.kind == "scatter":
+            self._scatter(body, self.k.nodes[0])
+        else:
+            for lp in self.k.loops:
+                self._loop(body, lp, osyms)
+        return self._wrap(osyms, body)
+
+    def _wrap(self, osyms, body: Body) -> str:
+        params = ", ".join(
+            f"{'' if w else 'const '}{STORAGE[self.g.buffers[b].dtype]}* __restrict__ {b}"
+            for b, w in self.params.items())
+        on = _numel(self.k.outer)
+        lines = [f'extern "C" void {self.k.name}({params}) {{']
+        if on == 0:
+            return "\n".join(lines + ["}"])
+        if osyms and on > 1:
+            work = sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * on
+            if work >= PARALLEL_WORK:
+                lines.append("  #pragma omp parallel for")
+            lines.append(f"  for (int64_t o = 0; o < {on}; ++o) {{")
+            stride = ir.contiguous_strides(self.k.outer)
+            for s, st, n in zip(osyms, stride, self.k.outer):
+                lines.append(f"    const int64_t {s.name} = (o / {st}) % {n};")
+        else:
+            lines.append("  {")
+            for s in osyms:
+                lines.append(f"    const int64_t {s.name} = 0;")
+        lines += body.lines
+        lines += ["  }", "}"]
+        return "\n".join(lines)
+
+    def _loop(self, outer: Body, lp: Loop, osyms) -> None:
+        isyms = ir.symbols("i", lp.inner)
+        reds = [n for n in lp.steps if n.kind == "reduction"]
+        accs = {n.name: self._acc_init(outer, n) for n in reds}
+        simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
+        ind = outer.indent
+        for d, (s, size) in enumerate(zip(isyms, lp.inner)):
+            if d == len(isyms) - 1 and simd:
+                outer.emit(_simd_pragma(reds, accs))
+            outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
+        inner = Body(self, ind + "  " * (len(isyms) + 1) if isyms else ind + "  ")
+        inner.lines = outer.lines
+        if not isyms:
+            outer.emit("{")
+        saved = dict(self.values)
+        for n in lp.steps:
+            if n.kind == "pointwise":
+                v = inner.value(n.fn(osyms + isyms))
+                if n.name not in self.k.local:
+                    b = self.g.buffers[n.name]
+                    self.store(inner, n, inner.index(ir.linear(osyms + isyms, b.stride)), v)
+                self.values[n.name] = v
+            else:
+                self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), isyms, lp.inner)
+        self.values = saved
+        for d in range(max(len(isyms), 1)):
+            outer.emit("  " * (max(len(isyms), 1) - 1 - d) + "}")
+        for n in reds:
+            self._finish(outer, n, accs[n.name], osyms)
+
+    def _acc_init(self, body: Body, n: ComputeNode) -> list[str]:
+        e_dtype = _expr_dtype(n)
+        t = ctype(e_dtype)
+        acc = self.tmp()
+        op = n.reduce_op
+        if op in ("sum", "prod"):
+            body.emit(f"{t} {acc} = {t}({0 if op == 'sum' else 1});")
+            return [acc]
+        if op in ("max", "min"):
+            init = _extreme(e_dtype, op == "max")
+            body.emit(f"{t} {acc} = {init}; bool {acc}n = false;")
+            return [acc, acc + "n"]
+        init = _extreme(e_dtype, op == "argmax")
+        body.emit(f"{t} {acc} = {init}; int64_t {acc}i = 0;")
+        return [acc, acc + "i"]
+
+    def _accumulate(self, body: Body, n: ComputeNode, acc, e, isyms, inner) -> None:
+        v = body.value(e)
+        op = n.reduce_op
+        if op == "sum":
+            body.emit(f"{acc[0]} += {v};")
+        elif op == "prod":
+            body.emit(f"{acc[0]} *= {v};")
+        elif op in ("max", "min"):
+            cmp = ">" if op == "max" else "<"
+            body.emit(f"{acc[0]} = ({v} {cmp} {acc[0]}) ? {v} : {acc[0]}; "
+                      f"{acc[1]} |= ({v} != {v});")
+        else:
+            cmp = ">" if op == "argmax" else "<"
+            flat = index_code(ir.linear(isyms, ir.contiguous_strides(inner)))
+            body.emit(f"if (({v} {cmp} {acc[0]}) || ({v} != {v} && {acc[0]} == {acc[0]})) "
+                      f"{{ {acc[0]} = {v}; {acc[1]} = {flat}; }}")
+
+    def _finish(self, body: Body, n: ComputeNode, acc, osyms) -> None:
+        final = self.tmp()
+        t = ctype(_expr_dtype(n))
+        if n.reduce_op in ("max", "min"):
+            nan = f"std::numeric_limits<{t}>::quiet_NaN()" if t in ("float", "double") else acc[0]
+            body.emit(f"const {t} {final} = {acc[1]} ? {nan} : {acc[0]};")
+        elif n.reduce_op in ("argmax", "argmin"):
+            body.emit(f"const int64_t {final} = {acc[1]};")
+        else:
+            body.emit(f"const {t} {final} = {acc[0]};")
+        self.values[n.name] = final
+        if n.name not in self.k.local:
+            b = self.g.buffers[n.name]
+            self.store(body, n, index_code(ir.linear(osyms, b.stride)), final)
+
+    def _scatter(self, body: Body, n: ComputeNode) -> None:
+        out = self.g.buffers[n.name]
+        osyms = ir.symbols("s", n.shape)
+        _nest(body, osyms, n.shape, parallel=True)
+        inner = Body(self, body.indent + "  " * (len(osyms) + 1))
+        inner.lines = body.lines
+        v = inner.value(n.init(osyms))
+        self.store(inner, n, index_code(ir.linear(osyms, out.stride)), v)
+        _close(body, len(osyms))
+        vsyms = ir.symbols("v", n.rshape)
+        _nest(body, vsyms, n.rshape, parallel=False)
+        inner = Body(self, body.indent + "  " * (len(vsyms) + 1))
+        inner.lines = body.lines
+        v = inner.value(n.fn(vsyms))
+        self.store(inner, n, inner.index(n.index(vsyms)), v,
+                   "+=" if n.reduce_op == "add" else "=")
+        _close(body, len(vsyms))
+
+
+def _nest(body: Body, syms, shape, parallel: bool) -> None:
+    if not syms:
+        body.emit("{")
+        return
+    if parallel and _numel(shape) >= PARALLEL_WORK:
+        body.emit("#pragma omp parallel for")
+    for d, (s, size) in enumerate(zip(syms, shape)):
+        body.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
+
+
+def _close(body: Body, depth: int) -> None:
+    for d in range(max(depth, 1)):
+        body.emit("  " * (max(depth, 1) - 1 - d) + "}")
+
+
+def _simd_pragma(reds, accs) -> str:
+    clauses = []
+    for n in reds:
+        a = accs[n.name]
+        if n.reduce_op == "sum":
+            clauses.append(f"reduction(+:{a[0]})")
+        elif n.reduce_op == "prod":
+            clauses.append(f"reduction(*:{a[0]})")
+        else:
+            clauses.append(f"reduction({'max' if n.reduce_op == 'max' else 'min'}:{a[0]}) "
+                           f"reduction(|:{a[1]})")
+    return "#pragma omp simd " + " ".join(clauses)
+
+
+def _expr_dtype(n: ComputeNode) -> torch.dtype:
+    e = n.fn(ir.symbols("c", n.shape), ir.symbols("c", n.rshape))
+    return e.dtype
+
+
+def _extreme(dtype: torch.dtype, lowest: bool) -> str:
+    t = ctype(dtype)
+    if dtype == torch.bool:
+        return "false" if lowest else "true"
+    if dtype.is_floating_point:
+        return f"{'-' if lowest else ''}std::numeric_limits<{t}>::infinity()"
+    return f"std::numeric_limits<{t}>::{'lowest' if lowest else 'max'}()"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def kernel_source(kern: Kernel, g: LoweredGraph) -> tuple[str, list[str]]:
+    """The kernel's C++ function and its parameter buffers, in order."""
+    p = KernelPrinter(kern, g)
+    return canonical_names(p.source()), list(p.params)
+
+
+def canonical_names(src: str) -> str:
+    """Rename index symbols (globally numbered) by first appearance, so equal kernels print
+    equal source and the on-disk cache hits across processes."""
+    names: dict[str, str] = {}
+
+    def sub(m: "re.Match") -> str:
+        return names.setdefault(m.group(0), f"q{len(names)}")
+    return re.sub(r"\b(?:o|i|s|v|ind)\d+\b", sub, src)

@@ -1,0 +1,269 @@
+"""FX graph of core ATen ops -> LoweredGraph: buffers, compute nodes (loop IR) and ATen calls.
+
+Each FX node lowers through the registry to a lazy TensorValue; values are realized into
+buffers only where fusion cannot inline them (several expensive uses, externs, outputs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx as fx
+
+from trainc.codegen import functional, ir
+from trainc.codegen.ir import TensorValue
+
+INLINE_LIMIT = 6  # a value with several users is recomputed in each if at most this many ops
+EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materialized
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str  # "input" | "const" | "compute" | "call"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * _itemsize(self.dtype)
+
+
+@dataclass
+class ComputeNode:
+    """One buffer computed by generated code.
+
+    pointwise: out[i] = fn(i) over `shape`.  reduction: out[i] = reduce_op over r of fn(i, r),
+    r over `rshape`.  scatter: out = init(i); then for v over `rshape`: out[index(v)] op= fn(v).
+    """
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fn: Callable
+    rshape: tuple[int, ...] = ()
+    reduce_op: str = ""
+    init: Optional[Callable] = None
+    index: Optional[Callable] = None
+    origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of an ATen call: a buffer, or a strided view of one."""
+    buf: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    whole: bool  # the buffer itself, no as_strided needed
+
+
+@dataclass
+class CallNode:
+    kind: str  # "extern" | "fallback"
+    target: Any
+    args: tuple
+    kwargs: dict
+    outputs: tuple[str, ...]  # buffer names, in the op's flattened result order
+    origin: str = ""
+
+
+@dataclass
+class LoweredGraph:
+    buffers: dict[str, Buffer] = field(default_factory=dict)
+    steps: list = field(default_factory=list)  # ComputeNode | CallNode, in program order
+    inputs: list[str] = field(default_factory=list)  # placeholder buffers, in order
+    consts: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)  # TensorArg | python value per graph output
+
+
+class GraphLowering:
+    """The lowering context handed to every lowering function."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm, self.g = gm, LoweredGraph()
+        self.env: dict[fx.Node, Any] = {}
+        self.node: Optional[fx.Node] = None
+        self._names = 0
+
+    # -- buffers ------------------------------------------------------------------------
+    def new_buffer(self, shape, dtype, kind: str, stride=None, prefix: str = "buf") -> str:
+        name = f"{prefix}{self._names}"
+        self._names += 1
+        shape = tuple(int(s) for s in shape)
+        stride = ir.contiguous_strides(shape) if stride is None else tuple(int(s) for s in stride)
+        self.g.buffers[name] = Buffer(name, shape, stride, dtype, kind)
+        return name
+
+    def realize(self, v: TensorValue) -> TensorValue:
+        """Materialize a lazy value into a contiguous buffer computed by a pointwise node."""
+        if self.is_buffer(v):
+            return v
+        name = self.new_buffer(v.shape, v.dtype, "compute")
+        self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
+                                        origins=self._origin()))
+        return self.load(name)
+
+    def reduction(self, shape, rshape, reduce_op: str, dtype, fn: Callable) -> TensorValue:
+        """A buffer `shape` = reduce_op over `rshape` of fn(i, r)."""
+        name = self.new_buffer(shape, dtype, "compute")
+        self.g.steps.append(ComputeNode(name, "reduction", tuple(shape), dtype, fn,
+                                        tuple(int(s) for s in rshape), reduce_op,
+                                        origins=self._origin()))
+        return self.load(name)
+
+    def scatter(self, shape, dtype, init: Callable, vshape, fn: Callable, index: Callable,
+                mode: str) -> TensorValue:
+        name = self.new_buffer(shape, dtype, "compute")
+        self.g.steps.append(ComputeNode(name, "scatter", tuple(shape), dtype, fn, tuple(vshape),
+                                        mode, init, index, self._origin()))
+        return self.load(name)
+
+    def load(self, name: str) -> TensorValue:
+        b = self.g.buffers[name]
+        return ir.buffer_value(name, b.shape, b.stride, b.dtype)
+
+    def is_buffer(self, v: TensorValue) -> bool:
+        if v.view is None or v.view.offset != 0:
+            return False
+        b = self.g.buffers[v.view.buf]
+        return b.shape == v.shape and b.stride == v.view.stride and b.dtype == v.dtype
+
+    def tensor_arg(self, v: TensorValue) -> TensorArg:
+        """A value as an ATen call argument: strided views pass through, others are realized."""
+        if v.view is None or self.g.buffers[v.view.buf].dtype != v.dtype:
+            v = self.realize(v)
+        b = self.g.buffers[v.view.buf]
+        whole = b.shape == v.shape and b.stride == v.view.stride and v.view.offset == 0
+        return TensorArg(v.view.buf, v.shape, v.view.stride, v.view.offset, whole)
+
+    def call(self, kind: str, target, args: tuple, kwargs: dict, result) -> Any:
+        """An ATen call in the wrapper; `result` is the FakeTensor (or tuple) it returns."""
+        conv = lambda a: self.tensor_arg(a) if isinstance(a, TensorValue) else a
+        args = _map(conv, args)
+        kwargs = {k: _map(conv, v) for k, v in kwargs.items()}
+        flat = result if isinstance(result, (list, tuple)) else [result]
+        names, values = [], []
+        for r in flat:
+            if isinstance(r, torch.Tensor):
+                names.append(self.new_buffer(r.shape, r.dtype, "call", r.stride()))
+                values.append(self.load(names[-1]))
+            else:
+                names.append(None)
+                values.append(r)
+        self.g.steps.append(CallNode(kind, target, args, kwargs, tuple(names),
+                                     self.node.name if self.node else ""))
+        return type(result)(values) if isinstance(result, (list, tuple)) else values[0]
+
+    def _origin(self) -> tuple[str, ...]:
+        return (self.node.name,) if self.node is not None else ()
+
+    # -- the walk -------------------------------------------------------------------------
+    def run(self, lowerings: dict, is_extern: Callable) -> LoweredGraph:
+        for node in self.gm.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                self.env[node] = self._input(node, "input")
+            elif node.op == "get_attr":
+                self.env[node] = self._input(node, "const")
+            elif node.op == "call_function":
+                self.env[node] = self._call(node, lowerings, is_extern)
+                self._maybe_realize(node)
+            elif node.op == "output":
+                self.g.outputs = [self._output(a) for a in _flat(node.args[0])]
+        return self.g
+
+    def _input(self, node: fx.Node, kind: str) -> Any:
+        v = node.meta.get("val")
+        if kind == "const":
+            v = getattr(self.gm, node.target)
+        if not isinstance(v, torch.Tensor):
+            return v
+        name = self.new_buffer(v.shape, v.dtype, kind, v.stride(), prefix="arg")
+        if kind == "const":
+            self.g.consts[name] = v
+        else:
+            self.g.inputs.append(name)
+        return self.load(name)
+
+    def _call(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:
+        dests = functional.written(node) if isinstance(node.target, torch._ops.OpOverload) \
+            else []
+        if not dests:
+            return self._call_functional(node, lowerings, is_extern)
+        pure = functional.functional_variant(node.target)
+        if pure is None:
+            raise NotImplementedError(f"trainc cpp: no functional form of {node.target}")
+        for _, d in dests:
+            functional.check_write(node, d)
+        target, kwargs = node.target, node.kwargs
+        node.target = pure  # lowerings dispatch on node.target; restored below
+        node.kwargs = {k: v for k, v in kwargs.items() if not isinstance(k, str) or
+                       k not in {key for key, _ in dests}}
+        try:
+            out = self._call_functional(node, lowerings, is_extern)
+        finally:
+            node.target, node.kwargs = target, kwargs
+        for _, d in dests:  # later reads of the written node see the new value
+            self.env[d] = out
+        return out
+
+    def _call_functional(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:
+        args = _map(self._env, node.args)
+        kwargs = {k: _map(self._env, v) for k, v in node.kwargs.items()}
+        target = node.target
+        if target is _getitem:
+            return args[0][args[1]]
+        if isinstance(target, torch._ops.OpOverload) and is_extern(target):
+            return self.call("extern", target, args, kwargs, node.meta.get("val"))
+        fn = lowerings.get(target)
+        if fn is not None:
+            out = fn(self, node, *args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return self.call("fallback", target, args, kwargs, node.meta.get("val"))
+
+    def _env(self, a):
+        return self.env[a] if isinstance(a, fx.Node) else a
+
+    def _maybe_realize(self, node: fx.Node) -> None:
+        v = self.env[node]
+        if not isinstance(v, TensorValue) or v.view is not None:
+            return
+        n = ir.size_of(EXPR_LIMIT, v(ir.symbols("t", v.shape)))
+        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT):
+            self.env[node] = self.realize(v)
+
+    def _output(self, a) -> Any:
+        v = self._env(a) if isinstance(a, fx.Node) else a
+        if not isinstance(v, TensorValue):
+            return v
+        if v.view is None:
+            v = self.realize(v)
+        return self.tensor_arg(v)
+
+
+_getitem = __import__("operator").getitem
+
+
+def _flat(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _map(f: Callable, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(f, y) for y in x)
+    return f(x) if isinstance(x, (fx.Node, TensorValue)) else x
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable) -> LoweredGraph:
+    return GraphLowering(gm).run(lowerings, is_extern)

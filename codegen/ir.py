@@ -1,0 +1,307 @@
+"""The loop-level IR: backend-neutral value expressions over sympy index expressions.
+
+A tensor value is `TensorValue(shape, dtype, fn)` with `fn(index) -> Expr`; views compose
+index functions, so they never copy. Index symbols are unique and carry known ranges.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import sympy
+import torch
+
+Index = sympy.Expr
+_counter = itertools.count()
+RANGES: dict[sympy.Symbol, int] = {}  # loop symbol -> its extent (0 <= s < extent)
+INDIRECT: dict[sympy.Symbol, tuple["Expr", int]] = {}  # symbol -> (int value expr, dim size)
+
+
+def new_symbol(prefix: str, extent: int) -> sympy.Symbol:
+    """A fresh loop variable ranging over [0, extent)."""
+    # zero-padded: sympy orders terms by name, so creation order fixes the printed source
+    s = sympy.Symbol(f"{prefix}{next(_counter):08d}", integer=True, nonnegative=True)
+    RANGES[s] = int(extent)
+    return s
+
+
+def indirect_symbol(value: "Expr", size: int) -> sympy.Symbol:
+    """A symbol standing for a runtime index value (embedding, gather): wrapped into [0, size)."""
+    s = sympy.Symbol(f"ind{next(_counter):08d}", integer=True)
+    INDIRECT[s] = (value, int(size))
+    return s
+
+
+class FloorDiv(sympy.Function):
+    """Floor division of non-negative integer index expressions."""
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        return _split_div(a, b, want_mod=False)
+
+
+class ModIndex(sympy.Function):
+    """a mod b for non-negative integer index expressions."""
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) % int(b))
+        return _split_div(a, b, want_mod=True)
+
+
+def _split_div(a, b, want_mod: bool):
+    """(q*b + r) // b == q and (q*b + r) % b == r when 0 <= r < b: keeps index math affine."""
+    if not b.is_Integer:
+        return None
+    multiple, rest = [], []
+    for t in sympy.Add.make_args(a):
+        coeff = t.as_coeff_Mul()[0]
+        (multiple if coeff.is_Integer and int(coeff) % int(b) == 0 else rest).append(t)
+    if not multiple and len(rest) == 1 and bounds(a)[1] < int(b):
+        return a if want_mod else sympy.Integer(0)
+    if not multiple:
+        return None
+    r = sympy.Add(*rest)
+    lo, hi = bounds(r)
+    if lo < 0 or hi >= int(b):
+        return None
+    return r if want_mod else sympy.expand(sympy.Add(*multiple) / b)
+
+
+def bounds(e: sympy.Expr) -> tuple[float, float]:
+    """Conservative [lo, hi] of an index expression from the symbols' ranges."""
+    if e.is_Integer:
+        return int(e), int(e)
+    if e.is_Symbol:
+        if e in RANGES:
+            return 0, RANGES[e] - 1
+        if e in INDIRECT:
+            return 0, INDIRECT[e][1] - 1
+        return -float("inf"), float("inf")
+    if e.is_Add:
+        parts = [bounds(a) for a in e.args]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if e.is_Mul:
+        lo, hi = 1, 1
+        for a in e.args:
+            alo, ahi = bounds(a)
+            cands = [lo * alo, lo * ahi, hi * alo, hi * ahi]
+            cands = [0 if c != c else c for c in cands]  # 0 * inf
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if isinstance(e, FloorDiv):
+        lo, hi = bounds(e.args[0])
+        b = int(e.args[1])
+        return (lo // b if lo > -float("inf") else lo), (hi // b if hi < float("inf") else hi)
+    if isinstance(e, ModIndex):
+        return 0, int(e.args[1]) - 1
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        parts = [bounds(a) for a in e.args]
+        f = min if isinstance(e, sympy.Min) else max
+        return f(p[0] for p in parts), f(p[1] for p in parts)
+    return -float("inf"), float("inf")
+
+
+# ---- value expressions ------------------------------------------------------------------
+
+class Expr:
+    """Base of value expressions; structural equality with a cached hash (CSE by dict)."""
+    __slots__ = ()
+    dtype: torch.dtype
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = hash((type(self).__name__,) + tuple(
+                getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_h", h)
+        return h
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    buf: str
+    index: Index
+    dtype: torch.dtype
+    __hash__ = Expr.__hash__
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: Union[int, float, bool]
+    dtype: torch.dtype
+    __hash__ = Expr.__hash__
+
+
+@dataclass(frozen=True, eq=True)
+class IndexValue(Expr):
+    """An index expression used as a value (arange, RNG counters, max-pool indices)."""
+    expr: Index
+    dtype: torch.dtype = torch.int64
+    __hash__ = Expr.__hash__
+
+
+@dataclass(frozen=True, eq=True)
+class Op(Expr):
+    name: str  # one of OPS
+    args: tuple
+    dtype: torch.dtype
+    __hash__ = Expr.__hash__
+
+
+# The operator vocabulary every backend's printer implements.
+OPS = frozenset("""
+add sub mul truediv floordiv remainder neg abs maximum minimum pow
+exp exp2 expm1 log log2 log1p sqrt rsqrt sin cos tan tanh sigmoid erf erfc atan asin acos
+sinh cosh floor ceil round trunc sign reciprocal isnan isinf
+eq ne lt le gt ge and or xor not bitwise_and bitwise_or bitwise_xor bitwise_not
+lshift rshift where cast philox_uniform
+""".split())
+
+
+def op(name: str, dtype: torch.dtype, *args: Expr) -> Op:
+    assert name in OPS, name
+    return Op(name, tuple(args), dtype)
+
+
+def walk(e: Expr, seen: Optional[set] = None):
+    """Every distinct sub-expression of e, children first."""
+    seen = set() if seen is None else seen
+    stack = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        if x in seen:
+            continue
+        if done or not isinstance(x, Op):
+            seen.add(x)
+            yield x
+            continue
+        stack.append((x, True))
+        stack.extend((a, False) for a in reversed(x.args))
+
+
+def loads(e: Expr) -> list[Load]:
+    """Every load of e, including loads inside indirect index values."""
+    out = []
+    for x in walk(e):
+        if isinstance(x, Load):
+            out.append(x)
+            for s in x.index.free_symbols:
+                if s in INDIRECT:
+                    out.extend(loads(INDIRECT[s][0]))
+    return out
+
+
+# ---- tensors ------------------------------------------------------------------------------
+
+Fn = Callable[[Sequence[Index]], Expr]
+
+
+@dataclass(frozen=True)
+class StridedView:
+    """A value that is a strided window of a real tensor: externs can take it without a copy."""
+    buf: str
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    fn: Fn
+    view: Optional[StridedView] = field(default=None, compare=False)
+
+    def __call__(self, index: Sequence[Index]) -> Expr:
+        return self.fn(index)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+def linear(index: Sequence[Index], stride: Sequence[int], offset: int = 0) -> Index:
+    e = sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, stride) if s != 0])
+    return merge_divmod(e)
+
+
+def _factors(e: Index):
+    for t in sympy.Add.make_args(e):
+        yield from sympy.Mul.make_args(t)
+
+
+def merge_divmod(e: Index) -> Index:
+    """c*d*FloorDiv(x, d) + c*ModIndex(x, d) -> c*x: undoes the split a reshape introduced."""
+    if not any(isinstance(t, ModIndex) for t in _factors(e)):
+        return e
+    terms = {}
+    for t in sympy.Add.make_args(e):
+        c, rest = t.as_coeff_Mul()
+        terms[rest] = terms.get(rest, 0) + c
+    changed = True
+    while changed:
+        changed = False
+        for t in list(terms):
+            if isinstance(t, ModIndex) and t in terms:
+                x, d = t.args
+                q = FloorDiv(x, d)
+                if q in terms and terms[q] == terms[t] * d:
+                    c = terms.pop(t)
+                    terms.pop(q)
+                    terms[x] = terms.get(x, 0) + c
+                    changed = True
+                    break
+    return sympy.expand(sum((c * t for t, c in terms.items()), sympy.Integer(0)))
+
+
+def buffer_value(name: str, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                 offset: int = 0) -> TensorValue:
+    """A TensorValue reading a real tensor with the given strides."""
+    shape, stride = tuple(int(s) for s in shape), tuple(int(s) for s in stride)
+    return TensorValue(shape, dtype, lambda idx: Load(name, linear(idx, stride, offset), dtype),
+                       StridedView(name, stride, offset))
+
+
+def strided_view(base: TensorValue, shape: Sequence[int], stride: Sequence[int], offset: int,
+                 fn: Fn) -> TensorValue:
+    """A view of `base` whose strides are known when base is itself a strided buffer view."""
+    view = None
+    if base.view is not None:
+        view = StridedView(base.view.buf, tuple(stride), base.view.offset + offset)
+    return TensorValue(tuple(shape), base.dtype, fn, view)
+
+
+def symbols(prefix: str, shape: Sequence[int]) -> list[sympy.Symbol]:
+    return [new_symbol(prefix, s) for s in shape]
+
+
+def size_of(expr_count_limit: int, e: Expr) -> int:
+    n = 0
+    for _ in walk(e):
+        n += 1
+        if n > expr_count_limit:
+            break
+    return n

@@ -1,0 +1,175 @@
+"""Indirect indexing lowerings: embedding, index_select, gather, index, index_put (scatter),
+and max pooling with indices (a windowed pointwise op and its non-overlapping backward)."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from trainc.codegen import ir
+from trainc.codegen.ir import Const, IndexValue, TensorValue
+from trainc.codegen.lowerings import register
+from trainc.codegen.lowerings.common import cast, const, expand, norm_dim, opmath
+
+aten = torch.ops.aten
+I64 = torch.int64
+
+
+def _ind(index: TensorValue, i, size: int) -> sympy.Symbol:
+    return ir.indirect_symbol(cast(index(i), I64), size)
+
+
+@register(aten.embedding.default)
+def embedding(ctx, node, weight, indices, padding_idx=-1, scale=False, sparse=False):
+    out = node.meta["val"]
+    k = len(indices.shape)
+    return TensorValue(tuple(out.shape), out.dtype, lambda i: weight(
+        [_ind(indices, i[:k], weight.shape[0])] + list(i[k:])))
+
+
+@register(aten.index_select.default)
+def index_select(ctx, node, x, dim, index):
+    out = node.meta["val"]
+    dim = norm_dim(dim, len(x.shape))
+
+    def fn(i):
+        i = list(i)
+        if len(x.shape) == 0:
+            return x([])
+        i[dim] = _ind(index, [i[dim]] if index.shape else [], x.shape[dim])
+        return x(i)
+    return TensorValue(tuple(out.shape), out.dtype, fn)
+
+
+@register(aten.gather.default)
+def gather(ctx, node, x, dim, index, sparse_grad=False):
+    out = node.meta["val"]
+    dim = norm_dim(dim, len(x.shape))
+
+    def fn(i):
+        j = list(i)
+        j[dim] = _ind(index, i, x.shape[dim])
+        return x(j)
+    return TensorValue(tuple(out.shape), out.dtype, fn)
+
+
+def _leading(indices, x: TensorValue):
+    """(k, broadcast shape) when indices are k non-None tensors on dims 0..k-1, else None."""
+    k = 0
+    while k < len(indices) and indices[k] is not None:
+        k += 1
+    if any(t is not None for t in indices[k:]) or k == 0:
+        return None
+    if any(t.dtype == torch.bool for t in indices[:k]):
+        return None
+    shape = tuple(torch.broadcast_shapes(*[torch.Size(t.shape) for t in indices[:k]]))
+    return k, shape
+
+
+@register(aten.index.Tensor)
+def index(ctx, node, x, indices):
+    lead = _leading(indices, x)
+    if lead is None:
+        return NotImplemented
+    k, bshape = lead
+    out = node.meta["val"]
+    idx = [expand(t, bshape) for t in indices[:k]]
+    nb = len(bshape)
+    return TensorValue(tuple(out.shape), out.dtype, lambda i: x(
+        [_ind(t, i[:nb], x.shape[d]) for d, t in enumerate(idx)] + list(i[nb:])))
+
+
+@register(aten.index_put.default)
+def index_put(ctx, node, x, indices, values, accumulate=False):
+    lead = _leading(indices, x)
+    if lead is None:
+        return NotImplemented
+    k, bshape = lead
+    out = node.meta["val"]
+    vshape = bshape + tuple(x.shape[k:])
+    vals = expand(values, vshape)
+    idx = [expand(t, bshape) for t in indices[:k]]
+    nb = len(bshape)
+    stride = ir.contiguous_strides(out.shape)
+
+    def where(v):
+        pos = [_ind(t, v[:nb], x.shape[d]) for d, t in enumerate(idx)] + list(v[nb:])
+        return ir.linear(pos, stride)
+    dt = opmath(out.dtype)
+    return ctx.scatter(out.shape, out.dtype, lambda i: cast(x(i), dt), vshape,
+                       lambda v: cast(vals(v), dt), where, "add" if accumulate else "store")
+
+
+@register(aten.scatter_add.default)
+def scatter_add(ctx, node, x, dim, index, src):
+    out = node.meta["val"]
+    dim = norm_dim(dim, len(x.shape))
+    stride = ir.contiguous_strides(out.shape)
+    dt = opmath(out.dtype)
+
+    def where(v):
+        pos = list(v)
+        pos[dim] = _ind(index, v, x.shape[dim])
+        return ir.linear(pos, stride)
+    return ctx.scatter(out.shape, out.dtype, lambda i: cast(x(i), dt), index.shape,
+                       lambda v: cast(src(v), dt), where, "add")
+
+
+def _pool_args(x, kernel, stride, padding, dilation, ceil_mode):
+    kernel = list(kernel) * (2 // len(kernel))
+    stride = (list(stride) * (2 // len(stride))) if stride else kernel
+    if any(p != 0 for p in padding) or any(d != 1 for d in dilation) or ceil_mode:
+        return None
+    return kernel, stride
+
+
+@register(aten.max_pool2d_with_indices.default)
+def max_pool2d(ctx, node, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    args = _pool_args(x, kernel, stride, padding, dilation, ceil_mode)
+    if args is None:
+        return NotImplemented
+    (kh, kw), (sh, sw) = args
+    out, ind_meta = node.meta["val"]
+    W = x.shape[-1]
+    dt = opmath(x.dtype)
+
+    def chain(i):
+        *lead, oh, ow = i
+        best = bi = None
+        for a in range(kh):
+            for b in range(kw):
+                h, w = oh * sh + a, ow * sw + b
+                v, pos = cast(x(list(lead) + [h, w]), dt), IndexValue(h * W + w)
+                if best is None:
+                    best, bi = v, pos
+                    continue
+                take = ir.op("or", torch.bool, ir.op("gt", torch.bool, v, best),
+                             ir.op("isnan", torch.bool, v))
+                best, bi = ir.op("where", dt, take, v, best), ir.op("where", I64, take, pos, bi)
+        return best, bi
+    values = TensorValue(tuple(out.shape), out.dtype, lambda i: chain(i)[0])
+    indices = TensorValue(tuple(ind_meta.shape), I64, lambda i: chain(i)[1])
+    return values, indices
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_backward(ctx, node, g, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    args = _pool_args(x, kernel, stride, padding, dilation, ceil_mode)
+    if args is None or args[0] != args[1]:
+        return NotImplemented  # overlapping windows: several outputs feed one input
+    (kh, kw), (sh, sw) = args
+    out = node.meta["val"]
+    OH, OW = g.shape[-2:]
+    W = x.shape[-1]
+    dt = opmath(out.dtype)
+
+    def fn(i):
+        *lead, h, w = i
+        oh, ow = sympy.Min(ir.FloorDiv(h, sh), OH - 1), sympy.Min(ir.FloorDiv(w, sw), OW - 1)
+        hit = ir.op("eq", torch.bool, cast(indices(list(lead) + [oh, ow]), I64),
+                    IndexValue(h * W + w))
+        inside = ir.op("and", torch.bool,
+                       ir.op("lt", torch.bool, IndexValue(h), Const(OH * sh, I64)),
+                       ir.op("lt", torch.bool, IndexValue(w), Const(OW * sw, I64)))
+        return ir.op("where", dt, ir.op("and", torch.bool, hit, inside),
+                     cast(g(list(lead) + [oh, ow]), dt), const(0, dt))
+    return TensorValue(tuple(out.shape), out.dtype, fn)

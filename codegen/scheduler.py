@@ -1,0 +1,343 @@
+"""LoweredGraph -> Schedule: compute nodes grouped into kernels, in a valid program order.
+
+A kernel runs `for o in outer: for each loop: for r in loop.inner: steps`; a node joins a
+kernel when its iteration space splits as outer x inner, every value it reads from the kernel
+was produced in the same outer iteration, and the join saves memory traffic.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import sympy
+
+from trainc.codegen import ir
+from trainc.codegen.graph import CallNode, ComputeNode, LoweredGraph
+from trainc.codegen import KernelInfo
+
+SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
+
+
+@dataclass
+class Loop:
+    inner: tuple[int, ...]
+    steps: list[ComputeNode]
+
+
+@dataclass
+class Kernel:
+    name: str
+    outer: Optional[tuple[int, ...]]  # None while the kernel holds only same-shape pointwise
+    nodes: list[ComputeNode] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    local: set[str] = field(default_factory=set)  # buffers that never reach memory
+    info: Optional[KernelInfo] = None
+
+    @property
+    def kind(self) -> str:
+        return "scatter" if self.nodes[0].kind == "scatter" else "loops"
+
+
+Item = Union[Kernel, CallNode]
+
+
+@dataclass
+class Schedule:
+    items: list[Item]
+    graph: LoweredGraph
+
+
+def reads(node: ComputeNode) -> list[ir.Load]:
+    """Every load of a compute node, with canonical symbols (computed once per node)."""
+    cached = node.__dict__.get("_reads")
+    if cached is None:
+        cached = node.__dict__["_reads"] = _reads(node)
+    return cached
+
+
+def _reads(node: ComputeNode) -> list[ir.Load]:
+    if node.kind == "pointwise":
+        return ir.loads(node.fn(ir.symbols("c", node.shape)))
+    if node.kind == "reduction":
+        return ir.loads(node.fn(ir.symbols("c", node.shape), ir.symbols("c", node.rshape)))
+    v = ir.symbols("c", node.rshape)
+    out = ir.loads(node.init(ir.symbols("c", node.shape))) + ir.loads(node.fn(v))
+    for s in node.index(v).free_symbols:
+        if s in ir.INDIRECT:
+            out += ir.loads(ir.INDIRECT[s][0])
+    return out
+
+
+class _Builder:
+    def __init__(self, g: LoweredGraph):
+        self.g = g
+        self.items: list[Item] = []
+        self.producer: dict[str, int] = {}  # buffer -> item index
+        self.deps: list[set[int]] = []  # item -> items it reads from directly
+        self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
+
+    def add_call(self, c: CallNode) -> None:
+        bufs = set(_call_buffers(c))
+        self._new_item(c, bufs, c.outputs)
+
+    def _new_item(self, item: Item, bufs: set[str], outs) -> int:
+        k = len(self.items)
+        self.items.append(item)
+        self.deps.append({self.producer[b] for b in bufs if b in self.producer})
+        self.reads[k] = set(bufs)
+        for o in outs:
+            if o is not None:
+                self.producer[o] = k
+        return k
+
+    def add_node(self, n: ComputeNode) -> None:
+        loads = reads(n)
+        bufs = {l.buf for l in loads}
+        best, best_score = None, 0
+        if n.kind != "scatter":
+            for k in self._candidates(bufs):
+                score = self._score(k, bufs)
+                if score > best_score and self._legal(k, n):
+                    best, best_score = k, score
+        if best is None:
+            kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
+            if n.kind == "reduction":
+                kern.outer = n.shape
+            kern.nodes.append(n)
+            self._new_item(kern, bufs, [n.name])
+            return
+        kern = self.items[best]
+        self._join(kern, n)
+        self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
+        self.reads[best] |= bufs
+        self.producer[n.name] = best
+
+    def _candidates(self, bufs: set[str]) -> list[int]:
+        out = {self.producer[b] for b in bufs if b in self.producer}
+        out |= {k for k, r in self.reads.items() if r & bufs}
+        return sorted(k for k in out if isinstance(self.items[k], Kernel)
+                      and self.items[k].kind == "loops")
+
+    def _score(self, k: int, bufs: set[str]) -> int:
+        """Bytes of memory traffic the join saves: reads served by the kernel's own results or
+        shared with its other nodes."""
+        return sum(self.g.buffers[b].nbytes for b in bufs
+                   if self.producer.get(b) == k or b in self.reads[k])
+
+    def _legal(self, k: int, n: ComputeNode) -> bool:
+        kern = self.items[k]
+        outer = _join_outer(kern, n)
+        if outer is False:
+            return False
+        for b in {l.buf for l in reads(n)}:
+            p = self.producer.get(b)
+            if p is not None and p != k and self._reaches(p, k):
+                return False  # n needs something that itself needs this kernel: a cycle
+        return _reads_ok(kern, n, outer, self.g)
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Does item `start` depend (transitively) on item `target`?"""
+        stack, seen = [start], set()
+        while stack:
+            x = stack.pop()
+            if x == target:
+                return True
+            if x in seen:
+                continue
+            seen.add(x)
+            stack.extend(self.deps[x])
+        return False
+
+    def _join(self, kern: Kernel, n: ComputeNode) -> None:
+        kern.outer = _join_outer(kern, n)
+        kern.nodes.append(n)
+
+
+def _join_outer(kern: Kernel, n: ComputeNode):
+    """The kernel's outer dims after n joins, or False when n's space does not split."""
+    first = kern.nodes[0]
+    if kern.outer is None:
+        if n.kind == "pointwise":
+            return None if n.shape == first.shape else False
+        o = n.shape
+        if tuple(first.shape[:len(o)]) != tuple(o):
+            return False
+        if ir_numel(o) <= 1 and ir_numel(first.shape) > SERIAL_LIMIT:
+            return False
+        return tuple(o)
+    o = kern.outer
+    if n.kind == "pointwise":
+        return o if tuple(n.shape[:len(o)]) == o else False
+    return o if tuple(n.shape) == o else False
+
+
+def ir_numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def inner_of(n: ComputeNode, outer: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n.rshape) if n.kind == "reduction" else tuple(n.shape[len(outer):])
+
+
+def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
+    """Every load n makes of a buffer the kernel produces stays within one outer iteration."""
+    produced = {m.name: m for m in kern.nodes}
+    if not any(l.buf in produced for l in reads(n)):
+        return True
+    if outer is None:  # same-shape pointwise: only same-position reads
+        syms = ir.symbols("s", n.shape)
+        for l in ir.loads(n.fn(syms)):
+            if l.buf in produced:
+                b = g.buffers[l.buf]
+                if l.index - ir.linear(syms, b.stride) != 0:
+                    return False
+        return True
+    osyms = ir.symbols("o", outer)
+    isyms = ir.symbols("i", inner_of(n, outer))
+    e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
+    for l in ir.loads(e):
+        if l.buf not in produced:
+            continue
+        if within_outer(l.index, osyms, g.buffers[l.buf].stride, g.buffers[l.buf].shape) is None:
+            return False
+    return True
+
+
+def within_outer(index, osyms, stride, shape) -> Optional[sympy.Expr]:
+    """The inner offset h when `index` = lin(o) + h with 0 <= h < inner size, else None."""
+    inner = ir_numel(shape[len(osyms):])
+    h = index - ir.linear(osyms, stride[:len(osyms)])
+    free = h.free_symbols
+    if any(s in free for s in osyms) or any(s in ir.INDIRECT for s in free):
+        return None
+    lo, hi = ir.bounds(h)
+    if lo < 0 or hi >= inner:
+        return None
+    return h
+
+
+def schedule(g: LoweredGraph) -> Schedule:
+    b = _Builder(g)
+    for step in g.steps:
+        if isinstance(step, CallNode):
+            b.add_call(step)
+        else:
+            b.add_node(step)
+    order = _topo(b.deps)
+    items = [b.items[k] for k in order]
+    outside = _outside_reads(b, g)
+    for k in order:
+        if isinstance(b.items[k], Kernel):
+            plan(b.items[k], g, outside.get(k, set()))
+    return Schedule(items, g)
+
+
+def _outside_reads(b: _Builder, g: LoweredGraph) -> dict[int, set[str]]:
+    """Per kernel: its buffers that something outside it (or the graph output) reads."""
+    out: dict[int, set[str]] = {}
+    returned = {a.buf for a in g.outputs if hasattr(a, "buf")}
+    for k, bufs in b.reads.items():
+        for buf in bufs:
+            p = b.producer.get(buf)
+            if p is not None and p != k:
+                out.setdefault(p, set()).add(buf)
+    for buf in returned:
+        if buf in b.producer:
+            out.setdefault(b.producer[buf], set()).add(buf)
+    return out
+
+
+def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str]) -> None:
+    """Split the kernel's nodes into loops, find kernel-local buffers, count bytes."""
+    if kern.outer is None:
+        shape = kern.nodes[0].shape
+        kern.outer = tuple(shape[:-1]) if kern.kind == "loops" else ()
+    if kern.kind == "scatter":
+        kern.outer = ()
+        kern.loops = [Loop((), list(kern.nodes))]
+    else:
+        kern.loops = _merge_loops(kern, g)
+    loop_of = {n.name: i for i, lp in enumerate(kern.loops) for n in lp.steps}
+    users: dict[str, set[int]] = {}
+    for i, lp in enumerate(kern.loops):
+        for n in lp.steps:
+            for l in reads(n):
+                users.setdefault(l.buf, set()).add(i)
+    for n in kern.nodes:
+        if n.name in needed_outside or n.kind == "scatter":
+            continue
+        if n.kind == "reduction" or users.get(n.name, set()) <= {loop_of[n.name]}:
+            kern.local.add(n.name)
+    produced = {n.name for n in kern.nodes}
+    read = {l.buf for n in kern.nodes for l in reads(n)} - produced
+    written = produced - kern.local
+    kern.info = KernelInfo(kern.name, tuple(o for n in kern.nodes for o in n.origins),
+                           sum(g.buffers[b].nbytes for b in read),
+                           sum(g.buffers[b].nbytes for b in written))
+
+
+def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:
+    loops: list[Loop] = []
+    osyms = ir.symbols("o", kern.outer)
+    for n in kern.nodes:
+        inner = inner_of(n, kern.outer)
+        if loops and loops[-1].inner == inner and _same_loop_ok(loops[-1], n, osyms, g):
+            loops[-1].steps.append(n)
+        else:
+            loops.append(Loop(inner, [n]))
+    return loops
+
+
+def _same_loop_ok(loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
+    """n may share the loop when it reads the loop's results only at the position it is at."""
+    here = {m.name: m for m in loop.steps}
+    isyms = ir.symbols("i", loop.inner)
+    e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
+    for l in ir.loads(e):
+        m = here.get(l.buf)
+        if m is None:
+            continue
+        if m.kind != "pointwise":
+            return False
+        if l.index - ir.linear(osyms + isyms, g.buffers[l.buf].stride) != 0:
+            return False
+    return True
+
+
+def _topo(deps: list[set[int]]) -> list[int]:
+    users: list[list[int]] = [[] for _ in deps]
+    missing = [len(d) for d in deps]
+    for k, d in enumerate(deps):
+        for p in d:
+            users[p].append(k)
+    ready = [k for k, m in enumerate(missing) if m == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        k = heapq.heappop(ready)
+        out.append(k)
+        for u in users[k]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, u)
+    assert len(out) == len(deps), "trainc: fusion produced a dependency cycle"
+    return out
+
+
+def _call_buffers(c: CallNode) -> list[str]:
+    from trainc.codegen.graph import TensorArg
+    out = []
+
+    def visit(a):
+        if isinstance(a, TensorArg):
+            out.append(a.buf)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+    visit(c.args)
+    visit(list(c.kwargs.values()))
+    return out

@@ -1,0 +1,45 @@
+"""Helpers for codegen tests: trace a function to core ATen, compile it with the C++ backend,
+compare against eager."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from trainc import decomps
+from trainc.codegen import CompiledGraph
+from trainc.codegen.cpp import CppBackend
+
+
+def compile_cpp(fn, *args) -> CompiledGraph:
+    """fn(*args) -> tensor or tuple, traced with trainc's decompositions and compiled."""
+    gm = make_fx(lambda *a: _tuple(fn(*a)), decomposition_table=decomps.TABLE,
+                 tracing_mode="fake")(*args)
+    return CppBackend().compile(gm, [None] * len(args))
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (list, tuple)) else (x,)
+
+
+def assert_same(out, ref, rtol: float = 1e-5, atol: float = 1e-6, what: str = "") -> None:
+    """Exact for shapes, dtypes, integers, bools and NaN/Inf positions; close for floats."""
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
+    if not ref.is_floating_point():
+        assert torch.equal(out, ref), f"{what}: values differ\n{out}\n{ref}"
+        return
+    assert torch.equal(out.isnan(), ref.isnan()), f"{what}: NaN positions differ"
+    assert torch.equal(out.isinf(), ref.isinf()), f"{what}: Inf positions differ"
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True, msg=what)
+
+
+def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6) -> CompiledGraph:
+    """Compile fn, run it on args, compare every output against eager fn(*args)."""
+    c = compile_cpp(fn, *args)
+    outs = c.run(list(args))
+    refs = _tuple(fn(*args))
+    assert len(outs) == len(refs)
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        assert_same(o, r, rtol, atol, f"output {k}")
+    assert not c.fallback_ops, f"unexpected fallbacks {c.fallback_ops}"
+    return c
