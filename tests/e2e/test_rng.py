@@ -1,4 +1,5 @@
 """Functional RNG: backward applies forward's dropout mask; steps draw fresh masks; seeds replay."""
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -7,9 +8,20 @@ import trainc
 from trainc import rng
 
 
+BACKEND = "aten"
+
+
+@pytest.fixture(autouse=True, params=["aten", "cpp"])
+def backend(request):
+    """Every test here runs on the reference backend and on generated C++."""
+    global BACKEND
+    BACKEND = request.param
+    yield request.param
+
+
 def _compile(fn, **kw):
     torch._dynamo.reset()
-    return trainc.compile(fn, backend="aten", **kw)
+    return trainc.compile(fn, backend=BACKEND, **kw)
 
 
 def test_backward_mask_equals_forward_mask():

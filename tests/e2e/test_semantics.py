@@ -7,9 +7,20 @@ import trainc
 from policy import assert_policy
 
 
+BACKEND = "aten"
+
+
+@pytest.fixture(autouse=True, params=["aten", "cpp"])
+def backend(request):
+    """Every test here runs on the reference backend and on generated C++."""
+    global BACKEND
+    BACKEND = request.param
+    yield request.param
+
+
 def _compile(fn):
     torch._dynamo.reset()
-    return trainc.compile(fn, backend="aten")
+    return trainc.compile(fn, backend=BACKEND)
 
 
 def _grads(fn, *inputs):
