@@ -66,8 +66,13 @@ def _cpp_backend(config: Optional["Config"]) -> Backend:
     return CppBackend(config)
 
 
+def _triton_backend(config: Optional["Config"]) -> Backend:
+    from trainc.codegen.triton import TritonBackend
+    return TritonBackend(config)
+
+
 BACKENDS: dict[str, Callable[[Optional["Config"]], Backend]] = {
-    "aten": AtenBackend, "cpp": _cpp_backend}
+    "aten": AtenBackend, "cpp": _cpp_backend, "triton": _triton_backend}
 
 
 def get_backend(name: str, device: torch.device, config: Optional["Config"] = None) -> Backend:

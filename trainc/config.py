@@ -31,6 +31,9 @@ class Config:
     cpp_flags: str = ("-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math "
                       "-std=c++17 -w")
     cache_dir: Optional[str] = None
+    # backend="triton": time a few launch configs per kernel on first run and cache the winner
+    # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).
+    triton_autotune: bool = True
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -40,6 +43,7 @@ def _env_defaults() -> dict[str, Any]:
         "cpp_compiler": os.environ.get("TRAINC_CXX") or Config.cpp_compiler,
         "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
+        "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
     }
 
 

@@ -1,0 +1,197 @@
+"""Loop-IR expressions -> Triton statements: one variable per distinct sub-expression.
+
+Values compute in float32 for bfloat16/float16 (float64 stays float64); low precision rounds
+only where the IR casts or stores. Each variable records which tile axes it varies along.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import sympy
+import torch
+
+from trainc.codegen import ir
+
+TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
+      torch.float16: "tl.float16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+      torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+      torch.bool: "tl.int1"}
+
+
+def compute(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def tl_compute(dtype: torch.dtype) -> str:
+    return TL[compute(dtype)]
+
+
+def literal(value, dtype: torch.dtype) -> str:
+    """A Python literal Triton parses as a constant (inf/nan spelled through 1e999)."""
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if not dtype.is_floating_point:
+        return str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return "float('nan')"
+    if math.isinf(v):
+        return "1e999" if v > 0 else "-1e999"
+    return repr(v)
+
+
+def index_code(e) -> str:
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        return "(" + " + ".join(index_code(a) for a in e.args) + ")"
+    if e.is_Mul:
+        return "(" + " * ".join(index_code(a) for a in e.args) + ")"
+    if isinstance(e, ir.FloorDiv):
+        return f"({index_code(e.args[0])} // {index_code(e.args[1])})"
+    if isinstance(e, ir.ModIndex):
+        return f"({index_code(e.args[0])} % {index_code(e.args[1])})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
+        out = index_code(e.args[0])
+        for a in e.args[1:]:
+            out = f"{f}({out}, {index_code(a)})"
+        return out
+    raise NotImplementedError(f"trainc triton: index expression {e!r}")
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+          "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "!=", "bitwise_and": "&",
+          "bitwise_or": "|", "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
+_TL = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin",
+       "cos": "tl.cos", "floor": "tl.floor", "ceil": "tl.ceil", "abs": "tl.abs", "erf": "tl.erf",
+       "rsqrt": "tl.rsqrt"}
+# Written with tl primitives in the prelude: they also run under TRITON_INTERPRET.
+_PRELUDE_FN = {"expm1": "_expm1", "log1p": "_log1p", "tanh": "_tanh", "trunc": "_trunc",
+               "round": "_nearbyint"}
+_LIBDEVICE = {"tan", "erfc", "atan", "asin", "acos", "sinh", "cosh", "pow"}
+_POW = {2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 1.0: "{a}", 0.5: "tl.sqrt_rn({a})",
+        -1.0: "(1.0 / {a})", -0.5: "tl.rsqrt({a})", -2.0: "(1.0 / ({a} * {a}))"}
+
+
+def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
+    n, t = e.name, tl_compute(e.dtype)
+    fp = e.dtype.is_floating_point
+    if n in _INFIX:
+        return f"({a[0]} {_INFIX[n]} {a[1]})"
+    if n in _TL:
+        return f"{_TL[n]}({a[0]})"
+    if n in _PRELUDE_FN:
+        return f"{_PRELUDE_FN[n]}({a[0]})"
+    if n == "pow" and isinstance(e.args[1], ir.Const) and fp and float(e.args[1].value) in _POW:
+        code = _POW[float(e.args[1].value)].format(a=a[0])
+        return code.replace("sqrt_rn", "sqrt") if e.dtype != torch.float32 else code
+    if n in _LIBDEVICE:
+        return f"libdevice.{n}({', '.join(a)})"
+    simple = {
+        "neg": lambda: f"(-{a[0]})", "not": lambda: f"({a[0]} == 0)",
+        "bitwise_not": lambda: f"(~{a[0]})" if e.dtype != torch.bool else f"({a[0]} == 0)",
+        "sqrt": lambda: f"tl.sqrt_rn({a[0]})" if e.dtype == torch.float32 else f"tl.sqrt({a[0]})",
+        "truediv": lambda: f"tl.div_rn({a[0]}, {a[1]})" if e.dtype == torch.float32
+        else f"({a[0]} / {a[1]})",
+        "reciprocal": lambda: f"(1.0 / {a[0]})" if e.dtype != torch.float32
+        else f"tl.div_rn(tl.full([1], 1.0, tl.float32), {a[0]})",
+        "sigmoid": lambda: f"(1.0 / (1.0 + tl.exp(-{a[0]})))",
+        "where": lambda: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+        "isnan": lambda: f"({a[0]} != {a[0]})",
+        "isinf": lambda: f"(tl.abs({a[0]}) == 1e999)" if dts[0].is_floating_point
+        else f"({a[0]} != {a[0]})",
+        "sign": lambda: f"_sign({a[0]})",
+        "philox_uniform": lambda: f"tl.rand({a[0]}, {a[1]}.to(tl.uint32))",
+        "cast": lambda: cast_code(a[0], dts[0], e.dtype),
+    }
+    if n in simple:
+        return simple[n]()
+    if n in ("maximum", "minimum"):
+        f = "tl.maximum" if n == "maximum" else "tl.minimum"
+        return f"{f}({a[0]}, {a[1]}, propagate_nan=tl.PropagateNan.ALL)" if fp \
+            else f"{f}({a[0]}, {a[1]})"
+    if n == "floordiv":
+        return f"tl.floor(tl.div_rn({a[0]}, {a[1]}))" if e.dtype == torch.float32 else \
+            f"tl.floor({a[0]} / {a[1]})" if fp else f"_floordiv({a[0]}, {a[1]})"
+    if n == "remainder":
+        if not fp:
+            return f"_mod({a[0]}, {a[1]})"
+        q = f"tl.div_rn({a[0]}, {a[1]})" if e.dtype == torch.float32 else f"({a[0]} / {a[1]})"
+        return f"({a[0]} - {a[1]} * tl.floor({q}))"
+    raise NotImplementedError(f"trainc triton: op {n}")
+
+
+def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    if dst in (torch.bfloat16, torch.float16):  # round now, keep computing in float32
+        return f"{x}.to({TL[dst]}).to(tl.float32)"
+    return f"{x}.to({TL[dst]})"
+
+
+class Body:
+    """Prints expressions as statements; `memo` maps Expr -> variable, `axes` variable -> axes."""
+
+    def __init__(self, printer, indent: str, parent: Optional["Body"] = None):
+        self.p, self.indent = printer, indent
+        self.lines: list[str] = parent.lines if parent else []
+        self.memo: dict = dict(parent.memo) if parent else {}
+        self.defined: set = set(parent.defined) if parent else set()
+
+    def child(self) -> "Body":
+        return Body(self.p, self.indent + "    ", self)
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.indent + line)
+
+    def value(self, e: ir.Expr) -> str:
+        if e in self.memo:
+            return self.memo[e]
+        if isinstance(e, ir.Const):
+            name = self.p.const(e)
+        else:
+            name = self.p.tmp()
+            self.emit(f"{name} = {self._code(e)}")
+            self.p.axes[name] = self.axes_of(e)
+        self.memo[e] = name
+        return name
+
+    def axes_of(self, e) -> frozenset:
+        """The tile axes ("x", "r") a value or index expression varies along."""
+        if isinstance(e, ir.Expr):
+            out = frozenset()
+            for x in ir.walk(e):
+                if isinstance(x, ir.Load):
+                    out |= self.axes_of(x.index)
+                elif isinstance(x, ir.IndexValue):
+                    out |= self.axes_of(x.expr)
+            return out
+        out = frozenset()
+        for s in sympy.sympify(e).free_symbols:
+            if s in ir.INDIRECT:
+                out |= self.axes_of(ir.INDIRECT[s][0])
+            else:
+                out |= self.p.sym_axes.get(s, frozenset())
+        return out
+
+    def index(self, e) -> str:
+        for s in sorted(sympy.sympify(e).free_symbols, key=lambda s: s.name):
+            if s in ir.INDIRECT and s not in self.defined:
+                value, size = ir.INDIRECT[s]
+                v = self.value(value)
+                self.emit(f"{s.name} = tl.where({v} < 0, {v} + {size}, {v})")
+                self.defined.add(s)
+        return index_code(e)
+
+    def _code(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.IndexValue):
+            return f"({self.index(e.expr)}).to({tl_compute(e.dtype)})"
+        if isinstance(e, ir.Load):
+            return self.p.load(self, e)
+        a = [self.value(x) for x in e.args]
+        return op_code(e, a, [x.dtype for x in e.args])

@@ -1,0 +1,176 @@
+"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call.
+
+Tuning results live on disk keyed by (kernel source hash, device name); TRITON_INTERPRET and CPU
+tensors, or `triton_autotune=False`, use the heuristic config and never tune.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+from trainc.codegen.triton.printer import KernelSource, next_pow2
+from trainc.config import Config
+
+_modules: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    XBLOCK: int
+    RBLOCK: int = 0  # looped reductions only
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+def cache_dir(config: Config) -> str:
+    d = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "trainc")
+    d = os.path.join(d, "triton")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load_module(source: str, config: Config):
+    """Import generated source from a file (triton.jit reads functions' source text)."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = os.path.join(cache_dir(config), f"k_{key}.py")
+    with _lock:
+        if path in _modules:
+            return _modules[path], path
+        if not os.path.exists(path):
+            fd, tmp = tempfile.mkstemp(suffix=".py", dir=os.path.dirname(path))
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(f"trainc_triton_{key}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _modules[path] = mod
+        return mod, path
+
+
+def heuristic(ks: KernelSource) -> LaunchConfig:
+    if ks.mode in ("1d", "scatter"):
+        x = min(1024, next_pow2(max(ks.xnumel, ks.rnumel, 1)))
+        return LaunchConfig(max(x, 16), 0, 4 if x <= 1024 else 8)
+    if ks.rblock:
+        x = max(1, min(next_pow2(ks.xnumel), 2048 // ks.rblock))
+        return LaunchConfig(x, 0, 4 if x * ks.rblock <= 2048 else 8)
+    return LaunchConfig(1, min(2048, next_pow2(ks.rnumel)), 8, 1)
+
+
+def candidates(ks: KernelSource) -> list[LaunchConfig]:
+    """A few launch configs worth timing (each one is a Triton compile on first use)."""
+    h = heuristic(ks)
+    if ks.mode == "scatter":
+        return [h]
+    if ks.mode == "1d":
+        out = [LaunchConfig(x, 0, w) for x, w in ((512, 4), (1024, 4), (2048, 8), (4096, 8))
+               if x <= 2 * next_pow2(ks.xnumel)]
+    elif ks.rblock:
+        xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if 256 <= x * ks.rblock <= 8192
+              and x <= next_pow2(ks.xnumel)] or [1]
+        out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in (4, 8)]
+    else:
+        out = [LaunchConfig(1, 2048, 8, 1), LaunchConfig(1, 1024, 4, 2),
+               LaunchConfig(4, 512, 8, 2), LaunchConfig(16, 128, 4, 2),
+               LaunchConfig(64, 32, 4, 2)]
+    return [h] + [c for c in out if c != h]
+
+
+class Launcher:
+    """Calls one generated kernel (two for scatters) with tuned grid and meta-parameters."""
+
+    def __init__(self, ks: KernelSource, module, config: Config, interpret: bool,
+                 device: Optional[torch.device] = None):
+        self.ks, self.config, self.interpret = ks, config, interpret
+        self.cuda = device is not None and device.type == "cuda"
+        self.fn = getattr(module, ks.name)
+        self.init = getattr(module, ks.name + "_init", None)
+        self.cfg: Optional[LaunchConfig] = None
+        self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
+
+    def __call__(self, *args: torch.Tensor) -> None:
+        if self.ks.xnumel == 0 and self.ks.mode != "scatter":
+            return
+        if self.cuda:  # CPU scalars (the RNG seed) cannot be read by a GPU kernel
+            args = tuple(a.to("cuda", non_blocking=True) if not a.is_cuda else a for a in args)
+        if self.cfg is None:
+            self.cfg = self._choose(args)
+        self._launch(self.cfg, args)
+
+    def _launch(self, c: LaunchConfig, args) -> None:
+        ks = self.ks
+        kw = {"XBLOCK": c.XBLOCK, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        if ks.mode == "scatter":
+            if ks.xnumel:
+                self.init[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
+            if ks.rnumel:
+                self.fn[(_cdiv(ks.rnumel, c.XBLOCK),)](*args, **kw)
+            return
+        if c.RBLOCK:
+            kw["RBLOCK"] = c.RBLOCK
+        self.fn[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
+
+    def _choose(self, args) -> LaunchConfig:
+        tunable = (self.config.triton_autotune and not self.interpret and
+                   any(isinstance(a, torch.Tensor) and a.is_cuda for a in args))
+        if not tunable:
+            return heuristic(self.ks)
+        device = torch.cuda.get_device_name()
+        path = os.path.join(cache_dir(self.config), f"tune_{self.key}.json")
+        found = _read(path).get(device)
+        if found is not None:
+            return LaunchConfig(**found)
+        cands = candidates(self.ks)
+        best = cands[0] if len(cands) == 1 else min(cands, key=lambda c: self._time(c, args))
+        entries = _read(path)
+        entries[device] = asdict(best)
+        _write(path, entries)
+        return best
+
+    def _time(self, c: LaunchConfig, args) -> float:
+        """Median ms of a few launches (a kernel's outputs never alias its inputs: re-runs
+        are harmless); a config that fails to compile is never chosen."""
+        try:
+            self._launch(c, args)
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 (e.g. out of shared memory for this config)
+            return float("inf")
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(3):
+                self._launch(c, args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 3)
+        return sorted(times)[len(times) // 2]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, entries: dict) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        json.dump(entries, f)
+    os.replace(tmp, path)

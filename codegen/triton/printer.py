@@ -1,0 +1,436 @@
+"""Scheduled kernels -> Triton source: 1D tiles for pointwise kernels, [XBLOCK, R] tiles for
+kernels with reductions (persistent when every row fits one tile, else looped over R), and an
+init + atomic pass for scatters. Sizes are baked in; int64 index math only when they need it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import torch
+
+from trainc.codegen import ir
+from trainc.codegen.graph import ComputeNode, LoweredGraph
+from trainc.codegen.scheduler import Kernel, Loop, reads
+from trainc.codegen.triton.exprs import TL, Body, compute, index_code, literal, tl_compute
+
+PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
+INT32_LIMIT = 2**31 - 1
+BIG_INDEX = 2**62  # argmax lanes that have not seen a value yet
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str
+    source: str  # one @triton.jit function (two for scatters: name + "_init", then name)
+    params: tuple[str, ...]
+    mode: str  # "1d" | "2d" | "scatter"
+    xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
+    rnumel: int  # 2d: largest row; scatter: scattered values
+    rblock: int  # 2d persistent: the tile width; 0 when looped
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+class KernelPrinter:
+    def __init__(self, kern: Kernel, g: LoweredGraph):
+        self.k, self.g = kern, g
+        self.params: dict[str, bool] = {}
+        self.values: dict[str, str] = {}  # buffer -> variable holding its value in this tile
+        self.axes: dict[str, frozenset] = {}
+        self.sym_axes: dict = {}
+        self.consts: dict = {}
+        self.const_lines: list[str] = []
+        self._tmp = 0
+        self.need64 = _needs_int64(kern, g)
+        self.mode = _mode(kern)
+        self.rmask, self.rz = "rmask", "rz"
+
+    def tmp(self) -> str:
+        self._tmp += 1
+        return f"t{self._tmp}"
+
+    def const(self, e: ir.Const) -> str:
+        key = (repr(e.value), e.dtype)
+        if key not in self.consts:
+            name = f"c{len(self.consts)}"
+            shape = "[1]" if self.mode != "2d" else "[1, 1]"
+            self.const_lines.append(
+                f"    {name} = tl.full({shape}, {literal(e.value, e.dtype)}, "
+                f"{tl_compute(e.dtype)})")
+            self.consts[key] = name
+        return self.consts[key]
+
+    def mask(self, axes: frozenset):
+        if not axes:
+            return None
+        if self.mode != "2d":
+            return "xmask"
+        if axes == {"x"}:
+            return "xmask"
+        return self.rmask if axes == {"r"} else f"xmask & {self.rmask}"
+
+    def load(self, body: Body, e: ir.Load) -> str:
+        if e.buf in self.values:
+            return self.values[e.buf]
+        self.params.setdefault(e.buf, False)
+        idx = body.index(e.index)
+        m = self.mask(body.axes_of(e.index))
+        code = f"tl.load({e.buf} + {idx}" + (f", mask={m}, other=0)" if m else ")")
+        if self.g.buffers[e.buf].dtype in (torch.bfloat16, torch.float16):
+            code += ".to(tl.float32)"
+        return code
+
+    def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
+              atomic: bool = False) -> None:
+        self.params[buf] = True
+        dt = TL[self.g.buffers[buf].dtype]
+        f = "tl.atomic_add" if atomic else "tl.store"
+        body.emit(f"{f}({buf} + {idx} + {zeros}, {v}.to({dt}), mask={mask})")
+
+    # -- kernels ----------------------------------------------------------------------------
+    def source(self) -> KernelSource:
+        if self.mode == "scatter":
+            return self._scatter()
+        if self.mode == "1d":
+            return self._pointwise()
+        return self._tiled()
+
+    def _header(self, name: str, body: Body, n: int, extra: str = "") -> list[str]:
+        params = ", ".join(self.params)
+        pid = "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
+        shape2 = self.mode == "2d" and name == self.k.name
+        ar = "tl.arange(0, XBLOCK)[:, None]" if shape2 else "tl.arange(0, XBLOCK)"
+        zs = "[XBLOCK, 1]" if shape2 else "[XBLOCK]"
+        return ([f"@triton.jit", f"def {name}({params}, XBLOCK: tl.constexpr{extra}):",
+                 f"    xindex = {pid} * XBLOCK + {ar}", f"    xmask = xindex < {n}",
+                 f"    xz = tl.zeros({zs}, tl.int32)"] + self.const_lines + body.lines)
+
+    def _split(self, body: Body, var: str, syms, shape, axis: str) -> None:
+        """Unflatten `var` into one symbol per dim (row-major)."""
+        strides = ir.contiguous_strides(shape)
+        for d, (s, st, size) in enumerate(zip(syms, strides, shape)):
+            self.sym_axes[s] = frozenset({axis})
+            q = var if st == 1 else f"({var} // {st})"
+            body.emit(f"{s.name} = {q}" if d == 0 else f"{s.name} = {q} % {size}")
+
+    def _pointwise(self) -> KernelSource:
+        lp = self.k.loops[0]
+        shape = tuple(self.k.outer) + tuple(lp.inner)
+        syms = ir.symbols("o", self.k.outer) + ir.symbols("i", lp.inner)
+        body = Body(self, "    ")
+        self._split(body, "xindex", syms, shape, "x")
+        for n in lp.steps:
+            v = body.value(n.fn(syms))
+            if n.name not in self.k.local:
+                b = self.g.buffers[n.name]
+                self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
+            self.values[n.name] = v
+        total = _numel(shape)
+        lines = self._header(self.k.name, body, total)
+        return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "1d", total, 0, 0)
+
+    def _tiled(self) -> KernelSource:
+        osyms = ir.symbols("o", self.k.outer)
+        body = Body(self, "    ")
+        self._split(body, "xindex", osyms, self.k.outer, "x")
+        rmax = max((_numel(lp.inner) for lp in self.k.loops), default=1)
+        persistent = next_pow2(rmax) <= PERSISTENT_LIMIT
+        shared: dict = {}  # persistent: inner shape -> (isyms, rindex, rmask, rz)
+        written: set[str] = set()
+        for k, lp in enumerate(self.k.loops):
+            if k and any(l.buf in written for n in lp.steps for l in reads(n)):
+                body.emit("tl.debug_barrier()")  # rows written by an earlier loop of this tile
+            self._loop(body, lp, osyms, persistent, shared, k)
+            written |= {n.name for n in lp.steps if n.name not in self.k.local}
+        extra = "" if persistent else ", RBLOCK: tl.constexpr"
+        lines = self._header(self.k.name, body, _numel(self.k.outer), extra)
+        return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "2d",
+                            _numel(self.k.outer), rmax, next_pow2(rmax) if persistent else 0)
+
+    def _loop(self, outer: Body, lp: Loop, osyms, persistent: bool, shared: dict,
+              k: int) -> None:
+        R = _numel(lp.inner)
+        if persistent:
+            if lp.inner not in shared:
+                isyms = ir.symbols("i", lp.inner)
+                j = len(shared)
+                shared[lp.inner] = (isyms, f"rindex{j}", f"rmask{j}", f"rz{j}")
+                width = next_pow2(max(R, 1))
+                self._rvars(outer, f"tl.arange(0, {width})[None, :]", R, shared[lp.inner],
+                            f"[1, {width}]")
+            isyms, rindex, self.rmask, self.rz = shared[lp.inner]
+            width = f"{next_pow2(max(R, 1))}"
+            inner = outer
+        else:
+            isyms, rindex = ir.symbols("i", lp.inner), f"rindex{k}"
+            self.rmask, self.rz = f"rmask{k}", f"rz{k}"
+            width = "RBLOCK"
+        reds = [n for n in lp.steps if n.kind == "reduction"]
+        accs = {n.name: self._acc_init(outer, n, width) for n in reds}
+        if not persistent:
+            outer.emit(f"for r{k} in range(0, {R}, RBLOCK):")
+            inner = outer.child()
+            self._rvars(inner, f"r{k} + tl.arange(0, RBLOCK)[None, :]", R,
+                        (isyms, rindex, self.rmask, self.rz), "[1, RBLOCK]")
+        saved = dict(self.values)
+        for n in lp.steps:
+            if n.kind == "pointwise":
+                v = inner.value(n.fn(osyms + isyms))
+                if n.name not in self.k.local:
+                    b = self.g.buffers[n.name]
+                    idx = inner.index(ir.linear(osyms + isyms, b.stride))
+                    self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
+                self.values[n.name] = v
+            else:
+                self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
+        self.values = saved
+        for n in reds:
+            self._finish(outer, n, accs[n.name], osyms)
+
+    def _rvars(self, body: Body, arange: str, R: int, names, zshape: str) -> None:
+        isyms, rindex, rmask, rz = names
+        cast = ".to(tl.int64)" if self.need64 else ""
+        body.emit(f"{rindex} = ({arange}){cast}")
+        body.emit(f"{rmask} = {rindex} < {R}")
+        body.emit(f"{rz} = tl.zeros({zshape}, tl.int32)")
+        self._split(body, rindex, isyms, self._inner_shape(isyms), "r")
+
+    @staticmethod
+    def _inner_shape(isyms) -> tuple[int, ...]:
+        return tuple(ir.RANGES[s] for s in isyms)
+
+    # -- reductions ---------------------------------------------------------------------------
+    def _acc_init(self, body: Body, n: ComputeNode, width: str) -> list[str]:
+        dt = _acc_dtype(n)
+        acc = self.tmp()
+        shape = f"[XBLOCK, {width}]"
+        op = n.reduce_op
+        if op in ("sum", "prod"):
+            body.emit(f"{acc} = tl.full({shape}, {0 if op == 'sum' else 1}, {TL[dt]})")
+            return [acc]
+        init = _extreme(dt, op in ("max", "argmax"))
+        body.emit(f"{acc} = tl.full({shape}, {init}, {TL[dt]})")
+        if op in ("max", "min"):
+            body.emit(f"{acc}n = tl.zeros({shape}, tl.int1)")
+            return [acc, acc + "n"]
+        body.emit(f"{acc}i = tl.full({shape}, {BIG_INDEX}, tl.int64)")
+        return [acc, acc + "i"]
+
+    def _accumulate(self, body: Body, n: ComputeNode, acc: list[str], e: ir.Expr,
+                    rindex: str) -> None:
+        v = body.value(e)
+        if e.dtype == torch.bool:
+            v = f"{v}.to(tl.int32)"
+        if not self.axes.get(v) and v.startswith("t"):  # a scalar: give it the tile's shape
+            b = self.tmp()
+            body.emit(f"{b} = {v} + tl.zeros_like({acc[0]})")
+            v = b
+        m = f"xmask & {self.rmask}"
+        a = acc[0]
+        op = n.reduce_op
+        if op == "sum":
+            body.emit(f"{a} = {a} + tl.where({m}, {v}, 0)")
+        elif op == "prod":
+            body.emit(f"{a} = {a} * tl.where({m}, {v}, 1)")
+        elif op in ("max", "min"):
+            f = "tl.maximum" if op == "max" else "tl.minimum"
+            body.emit(f"{a} = tl.where({m}, {f}({a}, {v}), {a})")
+            body.emit(f"{acc[1]} = {acc[1]} | ({m} & ({v} != {v}))")
+        else:
+            cmp = ">" if op == "argmax" else "<"
+            take = self.tmp()
+            body.emit(f"{take} = {m} & (({v} {cmp} {a}) | (({v} != {v}) & ({a} == {a})) | "
+                      f"({acc[1]} == {BIG_INDEX}))")
+            body.emit(f"{a} = tl.where({take}, {v}, {a})")
+            body.emit(f"{acc[1]} = tl.where({take}, {rindex} + xz, {acc[1]})")
+
+    def _finish(self, body: Body, n: ComputeNode, acc: list[str], osyms) -> None:
+        f = self.tmp()
+        op, a = n.reduce_op, acc[0]
+        if op == "sum":
+            body.emit(f"{f} = tl.sum({a}, 1)[:, None]")
+        elif op == "prod":
+            body.emit(f"{f} = tl.reduce({a}, 1, _prod)[:, None]")
+        elif op in ("max", "min"):
+            body.emit(f"{f} = tl.{op}({a}, 1)[:, None]")
+            if _acc_dtype(n).is_floating_point:
+                nan = self.const(ir.Const(float("nan"), _acc_dtype(n)))
+                body.emit(f"{f} = tl.where(tl.max({acc[1]}.to(tl.int32), 1)[:, None] > 0, "
+                          f"{nan}, {f})")
+        else:
+            body.emit(f"_, {f} = tl.reduce(({a}, {acc[1]}), 1, _{op}_combine)")
+            body.emit(f"{f} = {f}[:, None]")
+        if _expr_dtype(n) == torch.bool:
+            body.emit(f"{f} = {f} != 0")
+        self.axes[f] = frozenset({"x"})
+        self.values[n.name] = f
+        if n.name not in self.k.local:
+            b = self.g.buffers[n.name]
+            self.store(body, n.name, index_code(ir.linear(osyms, b.stride)), f, "xz", "xmask")
+
+    # -- scatter ------------------------------------------------------------------------------
+    def _scatter(self) -> KernelSource:
+        n = self.k.nodes[0]
+        out = self.g.buffers[n.name]
+        init = Body(self, "    ")
+        ssyms = ir.symbols("s", n.shape)
+        self._split(init, "xindex", ssyms, n.shape, "x")
+        v = init.value(n.init(ssyms))
+        self.store(init, n.name, init.index(ir.linear(ssyms, out.stride)), v, "xz", "xmask")
+        body = Body(self, "    ")
+        vsyms = ir.symbols("v", n.rshape)
+        self._split(body, "xindex", vsyms, n.rshape, "x")
+        v = body.value(n.fn(vsyms))
+        self.store(body, n.name, body.index(n.index(vsyms)), v, "xz", "xmask",
+                   atomic=n.reduce_op == "add")
+        first = self._header(self.k.name + "_init", init, _numel(n.shape))
+        second = self._header(self.k.name, body, _numel(n.rshape))
+        src = "\n".join(first) + "\n\n\n" + "\n".join(second)
+        return KernelSource(self.k.name, src, tuple(self.params), "scatter", _numel(n.shape),
+                            _numel(n.rshape), 0)
+
+
+def _mode(kern: Kernel) -> str:
+    if kern.kind == "scatter":
+        return "scatter"
+    if len(kern.loops) == 1 and all(n.kind == "pointwise" for n in kern.loops[0].steps):
+        return "1d"
+    return "2d"
+
+
+def _needs_int64(kern: Kernel, g: LoweredGraph) -> bool:
+    """int64 index math only when some buffer's extent or the iteration space passes int32."""
+    bufs = {l.buf for n in kern.nodes for l in reads(n)} | {n.name for n in kern.nodes}
+    for b in bufs:
+        buf = g.buffers[b]
+        extent = 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride) if s > 0)
+        if extent > INT32_LIMIT:
+            return True
+    for n in kern.nodes:
+        if _numel(n.shape) * max(_numel(n.rshape), 1) > INT32_LIMIT:
+            return True
+    return False
+
+
+def _expr_dtype(n: ComputeNode) -> torch.dtype:
+    return n.fn(ir.symbols("c", n.shape), ir.symbols("c", n.rshape)).dtype
+
+
+def _acc_dtype(n: ComputeNode) -> torch.dtype:
+    dt = compute(_expr_dtype(n))
+    return torch.int32 if dt == torch.bool else dt
+
+
+def _extreme(dtype: torch.dtype, lowest: bool) -> str:
+    if dtype.is_floating_point:
+        return "-1e999" if lowest else "1e999"
+    info = torch.iinfo(dtype)
+    return str(info.min if lowest else info.max)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+PRELUDE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return tl.where((a % b != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _expm1(x):
+    # Kahan: (u - 1) * x / log(u) cancels the rounding error of u = exp(x)
+    u = tl.exp(x)
+    um1 = u - 1
+    r = tl.where(u == 1, x, um1 * x / tl.log(u))
+    r = tl.where(um1 == -1, -1.0, r)
+    return tl.where((u == u) & (tl.abs(x) < 1e999), r, tl.where(x > 0, x, -1.0 + x * 0))
+
+
+@triton.jit
+def _log1p(x):
+    u = 1 + x
+    return tl.where(u == 1, x, tl.log(u) * x / tl.where(u == 1, 1, u - 1))
+
+
+@triton.jit
+def _tanh(x):
+    e = _expm1(-2 * tl.abs(x))
+    t = -e / (2 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def _nearbyint(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2 * tl.floor(f * 0.5)) != 0
+    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
+
+
+@triton.jit
+def _sign(a):
+    return tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype) + a * 0
+
+
+@triton.jit
+def _prod(a, b):
+    return a * b
+
+
+@triton.jit
+def _argmax_combine(v1, i1, v2, i2):
+    n1 = v1 != v1
+    n2 = v2 != v2
+    tie = (v1 == v2) | (n1 & n2)
+    take = ((v2 > v1) & (n1 == 0)) | (n2 & (n1 == 0)) | (tie & (i2 < i1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+
+
+@triton.jit
+def _argmin_combine(v1, i1, v2, i2):
+    n1 = v1 != v1
+    n2 = v2 != v2
+    tie = (v1 == v2) | (n1 & n2)
+    take = ((v2 < v1) & (n1 == 0)) | (n2 & (n1 == 0)) | (tie & (i2 < i1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+'''
+
+
+def kernel_source(kern: Kernel, g: LoweredGraph) -> KernelSource:
+    ks = KernelPrinter(kern, g).source()
+    return dataclasses.replace(ks, source=canonical_names(ks.source))
+
+
+def canonical_names(src: str) -> str:
+    """Rename the globally numbered index symbols by first appearance, so equal kernels print
+    equal source: module files and tuning results are found again in other processes."""
+    names: dict[str, str] = {}
+
+    def sub(m: "re.Match") -> str:
+        return names.setdefault(m.group(0), f"q{len(names)}")
+    return re.sub(r"\b(?:o|i|s|v|ind)\d{8}\b", sub, src)

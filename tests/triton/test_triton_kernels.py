@@ -1,0 +1,138 @@
+"""Every Triton kernel class at small shapes against eager: pointwise (layouts, NaN/Inf, ints),
+each reduction kind (persistent and looped), indirect indexing, scatter, RNG bits, fused norm
+backward siblings, and the per-kernel int64 decision. CPU tensors under TRITON_INTERPRET=1."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from triton_helpers import DEVICE, assert_same, check, compile_triton
+from trainc import decomps, rng
+from trainc.codegen import is_extern
+from trainc.codegen.graph import lower
+from trainc.codegen.lowerings import LOWERINGS
+from trainc.codegen.scheduler import Kernel, schedule
+from trainc.codegen.triton.printer import PERSISTENT_LIMIT, kernel_source
+
+
+def _special(*shape):
+    x = torch.randn(*shape)
+    flat = x.view(-1)
+    flat[::7] = float("nan")
+    flat[3::11] = float("inf")
+    flat[5::13] = -float("inf")
+    return x
+
+
+def test_pointwise_layouts_and_math():
+    def f(a, b, c):
+        t, s, e = a.t(), a[1::2, ::3], c.expand(6, 10)
+        return (a + b * 2 - 1, t.exp() * t.sigmoid(), s.tanh() / (s.abs() + 1),
+                torch.erf(e) + a, torch.relu(b) - torch.clamp(a, -0.5, 0.5),
+                torch.rsqrt(a.abs() + 1), torch.where(a > b, a, b), a.pow(2) + b.neg(),
+                F.gelu(a), F.gelu(b, approximate="tanh"), torch.log1p(a.abs()),
+                torch.sqrt(b.abs()).sin().cos(), torch.floor(a * 3), a.reciprocal(),
+                torch.sign(b), torch.expm1(a), torch.remainder(a, 0.7), a // 0.3,
+                torch.arange(10.0, device=a.device) * a, a.round(), a.trunc())
+    c = check(f, torch.randn(6, 10), torch.randn(6, 10), torch.randn(1, 10), rtol=1e-5,
+              atol=1e-5)
+    assert c.kernels
+
+
+def test_nan_inf_and_reductions_persistent():
+    def f(a, b):
+        return (a + b, torch.maximum(a, b), torch.minimum(a, b), torch.relu(a), a.exp(),
+                torch.isnan(a), torch.isinf(b), a.amax(1), a.amin(0), a.sum(1), b.nan_to_num(),
+                torch.softmax(a, 1), a.argmax(1), a.argmin(0), a.max(1).values)
+    check(f, _special(5, 13), _special(5, 13), atol=1e-5)
+
+
+def test_reduction_kinds_persistent_and_looped():
+    def f(x):
+        return (x.sum(1), x.mean(0), x.prod(1), x.amax(1), x.amin(1), x.argmax(1),
+                x.argmin(1), (x > 0).any(1), (x > -3).all(1), *torch.var_mean(x, 1),
+                torch.log_softmax(x, 1), torch.logsumexp(x, 1), x.sum(), torch.std(x, 0))
+    small = torch.randn(4, 37)
+    check(f, small, rtol=1e-4, atol=1e-5)
+    big = torch.randn(3, PERSISTENT_LIMIT + 300) * 0.02 + 1  # rows wider than one tile: looped
+    big[1, 4000] = float("nan")
+    check(f, big, rtol=1e-4, atol=1e-4)
+    ties = torch.tensor([[1.0, 3.0, 3.0, -1.0], [-float("inf")] * 4, [2.0, float("nan"), 5.0,
+                                                                     float("nan")]])
+    check(lambda x: (x.argmax(1), x.argmin(1), x.amax(1)), ties)
+
+
+def test_integer_and_bool_math():
+    def f(a, b, m):
+        return (a // b, a % b, torch.remainder(a, -3), a & b, a | 6, ~a, a ^ b, a * b - 7,
+                (a > b) & m, m | ~m, a.to(torch.float32) / 3, (a.float() * 0.7).to(torch.int64),
+                m.to(torch.int64).sum(), a.abs(), torch.where(m, a, -a), a.sum(0), a.amax(1))
+    a = torch.randint(-20, 20, (4, 9))
+    b = torch.randint(1, 6, (4, 9)) * torch.tensor([1, -1]).repeat(1, 5)[:, :9]
+    check(f, a, b, torch.rand(4, 9) > 0.5)
+
+
+def test_low_precision_pointwise_and_reduction():
+    def f(a, b):
+        return a * b + 1, (a * b).sum(1), torch.softmax(a, 1), a.float().exp()
+    a, b = torch.randn(4, 24).bfloat16(), torch.randn(4, 24).bfloat16()
+    check(f, a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_indirect_indexing_and_embedding_backward():
+    def f(w, idx, g, src):
+        emb = F.embedding(idx, w)
+        gw = torch.ops.aten.embedding_dense_backward(g, idx, 10, -1, False)
+        return (emb * 2, gw, torch.gather(src, 1, idx[:, :3]), w.index_select(0, idx[0]),
+                w[idx[1]],
+                torch.zeros(10, 4, device=w.device).index_put((idx[0],), g[0], accumulate=True))
+    idx = torch.randint(0, 10, (3, 7))
+    idx[0, :3] = 4  # duplicates: the scatter must accumulate every one
+    check(f, torch.randn(10, 4), idx, torch.randn(3, 7, 4), torch.randn(3, 10), atol=1e-5)
+
+
+def test_rng_bits_match_torch_reference():
+    seed = torch.tensor(0x123456789ABCDEF, dtype=torch.int64)
+
+    def f(s, x):
+        u = torch.ops.trainc.philox_uniform(s, 77, [5, 33], torch.float32, x.device)
+        return u, (u < 0.5) * x
+    x = torch.randn(5, 33)
+    outs = compile_triton(f, seed, x.to(DEVICE)).run([seed.to(DEVICE), x.to(DEVICE)])
+    ref = rng.philox_uniform(seed, 77, [5, 33], torch.float32, torch.device("cpu"))
+    assert torch.equal(outs[0].cpu(), ref)  # bit for bit
+    assert torch.equal(outs[1].cpu(), (ref < 0.5) * x)
+
+
+def test_norm_backward_fuses_sibling_reductions():
+    w, b = torch.randn(48), torch.randn(48)
+
+    def f(x, g, w, b):
+        x = x.detach().requires_grad_(True)
+        w = w.detach().requires_grad_(True)
+        b = b.detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = F.layer_norm(x, (48,), w, b, 1e-5)
+            return torch.autograd.grad(y, (x, w, b), g)
+    x, g = torch.randn(6, 48), torch.randn(6, 48)
+    c = check(f, x, g, w, b, rtol=1e-4, atol=1e-5)
+    # dx needs sum(g*w) and sum(g*w*xhat) per row: both reductions share one kernel with dx
+    assert len(c.kernels) <= 3, [k.nodes for k in c.kernels]
+    assert "tl.sum" in c.extra["triton"]
+
+
+def test_int64_indexing_only_when_sizes_need_it():
+    def sources(n):
+        x = torch.empty(n, device="meta")
+        gm = make_fx(lambda a: (a * 2 + 1,), decomposition_table=decomps.TABLE)(x)
+        sched = schedule(lower(gm, LOWERINGS, is_extern))
+        return [kernel_source(k, sched.graph).source for k in sched.items
+                if isinstance(k, Kernel)]
+    assert all("tl.int64" not in s for s in sources(1 << 20))
+    assert all("program_id(0).to(tl.int64)" in s for s in sources((1 << 31) + 64))
+
+
+def test_zero_size_and_scalar_kernels():
+    def f(a, z):
+        return a * 2, a.sum(), z * 3, z.sum(0), a.amax()
+    check(f, torch.randn(()), torch.randn(0, 5))

@@ -1,0 +1,51 @@
+"""Helpers for Triton backend tests: trace to core ATen, compile with backend="triton" on the
+interpreter (CPU tensors) or CUDA, compare against eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from trainc import decomps  # noqa: E402
+from trainc.codegen import CompiledGraph  # noqa: E402
+from trainc.codegen.triton import TritonBackend  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def compile_triton(fn, *args) -> CompiledGraph:
+    gm = make_fx(lambda *a: _tuple(fn(*a)), decomposition_table=decomps.TABLE,
+                 tracing_mode="fake")(*args)
+    return TritonBackend().compile(gm, list(args))
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (list, tuple)) else (x,)
+
+
+def assert_same(out, ref, rtol: float = 1e-5, atol: float = 1e-6, what: str = "") -> None:
+    """Exact for shapes, dtypes, integers, bools and NaN/Inf positions; close for floats."""
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
+    assert out.device == ref.device, f"{what}: device {out.device} != {ref.device}"
+    if not ref.is_floating_point():
+        assert torch.equal(out, ref), f"{what}: values differ\n{out}\n{ref}"
+        return
+    assert torch.equal(out.isnan(), ref.isnan()), f"{what}: NaN positions differ"
+    assert torch.equal(out.isinf(), ref.isinf()), f"{what}: Inf positions differ"
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True, msg=what)
+
+
+def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6) -> CompiledGraph:
+    """Compile fn, run it on args, compare every output against eager fn(*args)."""
+    args = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
+    c = compile_triton(fn, *args)
+    outs = c.run(list(args))
+    refs = _tuple(fn(*args))
+    assert len(outs) == len(refs)
+    for k, (o, r) in enumerate(zip(outs, refs)):
+        assert_same(o, r, rtol, atol, f"output {k}")
+    assert not c.fallback_ops, f"unexpected fallbacks {c.fallback_ops}"
+    return c
