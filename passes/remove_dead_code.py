@@ -1,5 +1,10 @@
-"""Drop nodes whose values nobody uses; random ops are pure here (their seed is an input)."""
+"""Drop nodes whose values nobody uses; random ops are pure here (their seed is an input).
+
+Nodes that write a buffer (introduced by reinplace_ops) are kept: their effect is the write.
+"""
 import torch.fx as fx
+
+from trainc.passes._graph import is_mutating
 
 
 def remove_dead_code(gm: fx.GraphModule) -> fx.GraphModule:
@@ -9,5 +14,4 @@ def remove_dead_code(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _impure(node: fx.Node) -> bool:
-    # Functional graphs have no side effects except placeholders (kept for the signature).
-    return node.op in ("placeholder", "output")
+    return node.op in ("placeholder", "output") or is_mutating(node)

@@ -53,6 +53,11 @@ class Explanation:
         return sorted({op for g in self.graphs for op in g.fallback_ops})
 
     @property
+    def reinplaced_ops(self) -> int:
+        """Functional ops the post-grad passes rewrote in place, over all graphs."""
+        return sum(s.reinplaced for g in self.graphs for _, s in g.passes)
+
+    @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
 
@@ -73,6 +78,7 @@ class Explanation:
                  f"compile {self.compile_seconds:.2f} s\n")
         if self.fallback_ops:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
+        text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:
                 if g.decisions:

@@ -34,6 +34,8 @@ class Config:
     # backend="triton": time a few launch configs per kernel on first run and cache the winner
     # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).
     triton_autotune: bool = True
+    # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
+    check_mutations: bool = False
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -44,6 +46,7 @@ def _env_defaults() -> dict[str, Any]:
         "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
+        "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
     }
 
 

@@ -14,7 +14,8 @@ from trainc.config import Config
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
-from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, run_passes
+from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, mark_mutable_inputs,
+                           run_passes)
 from trainc.runtime import Artifact
 
 
@@ -26,8 +27,9 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
     part = partition(joint, config) if joint.signature.training else None
-    fwd_gm = run_passes(part.fwd if part else joint.gm, POST_GRAD_PASSES)
-    bwd_gm = run_passes(part.bwd, POST_GRAD_PASSES) if part else None
+    post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
+    fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
+    bwd_gm = run_passes(part.bwd, post) if part else None
     backend = get_backend(config.backend, _device(args), config)
     fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
     bwd = backend.compile(bwd_gm, _example_inputs(bwd_gm)) if bwd_gm is not None else None

@@ -12,6 +12,7 @@ from trainc.codegen import CompiledGraph, KernelInfo
 from trainc.config import Config
 from trainc.graph import GraphSignature, JointGraph
 from trainc.partition import Decision, Partition
+from trainc.passes import STATS
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class GraphRecord:
     fallback_ops: tuple[str, ...]
     compile_seconds: float
     mode: str = "train"  # "train" (fwd+bwd), "infer" (forward only), "step" (compile_step)
+    # (graph name, passes.PassStats): post-grad allocations before/after, reinplaced ops
+    passes: tuple = ()
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -45,12 +48,29 @@ class GraphRecord:
             recompute_flops=part.recompute_flops if part else 0,
             kernels=tuple(k for c in compiled for k in c.kernels),
             fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
-            compile_seconds=seconds, mode="train" if joint.signature.training else "infer")
+            compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
+            passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm))
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "
                 f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
                 f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms")
+
+
+def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:
+    """(name, PassStats) for each graph the post-grad passes ran on."""
+    return tuple((k, g.meta[STATS]) for k, g in graphs.items()
+                 if g is not None and STATS in g.meta)
+
+
+def allocation_table(graphs: Sequence[GraphRecord]) -> str:
+    """Per graph: fresh buffers (count, MiB) before and after the post-grad passes."""
+    head = ("graph", "allocs before", "MiB before", "allocs after", "MiB after", "reinplaced")
+    rows = [head] + [(f"graph_{g.graph_id}.{name}", str(s.allocs_before),
+                      f"{s.bytes_before / 2**20:.3f}", str(s.allocs_after),
+                      f"{s.bytes_after / 2**20:.3f}", str(s.reinplaced))
+                     for g in graphs for name, s in g.passes]
+    return format_table(rows) if len(rows) > 1 else ""
 
 
 def _count(gm: fx.GraphModule) -> int:

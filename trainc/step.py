@@ -22,7 +22,7 @@ from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph
 from trainc.optim import Rule, hyper_values, rule_for
-from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, run_passes
+from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, mark_mutable_inputs, run_passes
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ class CompiledStep:
         dump = debug.Dumper(self.config, gid)
         dump.graph("00_step.py", gm, "whole training step after functionalization")
         gm = run_passes(gm, JOINT_PASSES, dump=dump)
-        gm = run_passes(gm, POST_GRAD_PASSES)
+        # Parameters, buffers and optimizer state may be written in place (no second copy).
+        gm = run_passes(mark_mutable_inputs(gm, sig), POST_GRAD_PASSES)
         backend = get_backend(self.config.backend, _device(flat), self.config)
         compiled = backend.compile(gm, [n.meta.get("val") for n in gm.graph.nodes
                                         if n.op == "placeholder"])

@@ -1,0 +1,21 @@
+"""trainc.testing: hypothesis strategies for training programs, and `assert_grads_match`.
+
+    from hypothesis import given
+    from trainc.testing import assert_grads_match, module_stacks, programs
+
+    assert_grads_match(fn, [x, w], backend="cpp", memory_budget=0.5)  # DESIGN.md's policy
+
+    @given(programs())            # random op DAGs; repr(prog) is runnable Python source
+    def test_mine(prog):
+        prog.check(backend="cpp")  # assert_grads_match with dropout masks replayed
+
+`module_stacks()` draws nn.Module stacks the same way (`stack.check(...)`).
+"""
+from trainc.testing.check import assert_grads_match
+from trainc.testing.modules import ModuleStack, module_stacks
+from trainc.testing.policy import TOLERANCES, Mismatch, bitwise_equal, compare, rel_err
+from trainc.testing.programs import InputSpec, Program, ReplayFunctional, programs
+
+__all__ = ["assert_grads_match", "programs", "module_stacks", "Program", "ModuleStack",
+           "InputSpec", "ReplayFunctional", "Mismatch", "TOLERANCES", "compare", "rel_err",
+           "bitwise_equal"]

@@ -1,0 +1,196 @@
+"""assert_grads_match: run a function compiled and eagerly (same dtype and float64); apply policy.
+
+Outputs, gradients (w.r.t. inputs and parameters that require grad), mutated inputs and module
+buffers are compared; the compiled artifact is also run twice under one seed: bits must agree.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from trainc.testing.policy import ILL_CONDITIONED, Mismatch, bitwise_equal, compare, rel_err
+
+Inputs = Union[Sequence[Any], Callable[[], Sequence[Any]]]
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced, flattened, in a fixed order."""
+    outputs: list
+    grads: list  # w.r.t. `wrt` below, None where autograd never reached
+    wrt: list[str]
+    inputs_after: list  # the inputs' values after the run (mutations)
+    buffers: dict
+    tangent_dtypes: list  # the dtype each tangent was rounded to
+    requires_grad: list  # per output
+
+
+def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
+                       reference: Optional[Callable[[list], Callable]] = None,
+                       source: Optional[str] = None, **compile_options: Any) -> list[Mismatch]:
+    """Compile `fn` with trainc and check it against eager per DESIGN.md's correctness policy.
+
+    `inputs`: the arguments (cloned for every run, strides kept) or a function making them.
+    `reference(compiled_outputs) -> fn`: the function eager runs use instead of `fn`, for
+    programs eager cannot reproduce bit for bit (dropout: replay the compiled run's masks).
+    `source`: program text shown in the failure report (default: inspect.getsource(fn)).
+    Raises AssertionError listing every mismatch; returns [] on success.
+    """
+    import trainc
+
+    make = inputs if callable(inputs) else (lambda: [_clone(x) for x in inputs])
+    torch._dynamo.reset()  # Dynamo caches every program it has seen; keep fuzz runs small
+    compiled_fn = _copy(fn)
+    compiled = trainc.compile(compiled_fn, **compile_options)
+    state = _state(compiled_fn)
+    first = _run(compiled, compiled_fn, make(), seed)
+    _load_state(compiled_fn, state)
+    second = _run(compiled, compiled_fn, make(), seed)
+    mismatches = _bitwise(first, second)
+    eager_fn = reference(first.outputs) if reference is not None else fn
+    eager = _run(_copy(eager_fn), None, make(), seed)
+    ref = _run(_copy(eager_fn), None, [_clone(x, torch.float64) for x in make()], seed,
+               cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
+    low = None
+    if any(v.dtype == torch.float64 for _, v in _values(eager) if torch.is_tensor(v)):
+        # float64 eager *is* the reference; a float32 run tells how conditioned each value is.
+        low = _run(_copy(eager_fn), None, [_clone(x, torch.float32) for x in make()], seed,
+                   cast=torch.float32, tangent_dtypes=eager.tangent_dtypes)
+    mismatches += _compare_runs(first, eager, ref, low)
+    if mismatches:
+        raise AssertionError(_report(mismatches, fn, source, compile_options))
+    return mismatches
+
+
+def _copy(fn: Callable) -> Callable:
+    return copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
+
+
+def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
+         cast: Optional[torch.dtype] = None, tangent_dtypes: Optional[list] = None) -> RunResult:
+    """Run once under `seed`; backward with fixed random tangents on every differentiable output."""
+    if module is None and isinstance(call, torch.nn.Module):
+        module = call
+        if cast is not None:
+            module.to(cast)
+    params = list(module.named_parameters()) if isinstance(module, torch.nn.Module) else []
+    torch.manual_seed(seed)
+    outs, _ = tree_flatten(call(*args))
+    wrt = [(f"input {i}", a) for i, a in enumerate(args)
+           if torch.is_tensor(a) and a.requires_grad]
+    wrt += [(f"param {n}", p) for n, p in params if p.requires_grad]
+    diff = [o for o in outs if torch.is_tensor(o) and o.requires_grad]
+    dtypes = [o.dtype for o in diff]
+    tangents = _tangents(diff, seed, tangent_dtypes or dtypes)
+    grads: list = [None] * len(wrt)
+    if diff and wrt:
+        grads = list(torch.autograd.grad(diff, [t for _, t in wrt], tangents, allow_unused=True))
+    buffers = {n: b.detach().clone() for n, b in module.named_buffers()} \
+        if isinstance(module, torch.nn.Module) else {}
+    after = [a.detach().clone() if torch.is_tensor(a) else a for a in args]
+    return RunResult([o.detach() if torch.is_tensor(o) else o for o in outs], grads,
+                     [n for n, _ in wrt], after, buffers, dtypes,
+                     [torch.is_tensor(o) and o.requires_grad for o in outs])
+
+
+def _tangents(outs: list, seed: int, dtypes: list) -> list:
+    """The same values in every run: drawn in float64, rounded to the (eager) output dtype."""
+    g = torch.Generator().manual_seed(seed + 12345)
+    return [torch.randn(o.shape, generator=g, dtype=torch.float64).to(d).to(o.dtype)
+            for o, d in zip(outs, dtypes)]
+
+
+def _values(run: RunResult) -> list[tuple[str, Any]]:
+    """Every compared value of a run, named as the failure report names it."""
+    vals = [(f"output {i}", v) for i, v in enumerate(run.outputs)]
+    vals += [(f"grad of {n}", g) for n, g in zip(run.wrt, run.grads)]
+    vals += [(f"input {i} after the call", v) for i, v in enumerate(run.inputs_after)]
+    return vals + [(f"buffer {n}", b) for n, b in run.buffers.items()]
+
+
+# float32 -> float64 rounding error ratio: scales a float32 run's error to float64's.
+_F32_TO_F64 = 2.0 ** -29
+
+
+def _compare_runs(comp: RunResult, eager: RunResult, ref: RunResult,
+                  low: Optional[RunResult]) -> list[Mismatch]:
+    if len(comp.outputs) != len(eager.outputs):
+        return [Mismatch("outputs", f"compiled gave {len(comp.outputs)}, eager "
+                                    f"{len(eager.outputs)}")]
+    if comp.wrt != eager.wrt:
+        return [Mismatch("grads", f"compiled differentiates {comp.wrt}, eager {eager.wrt}")]
+    if set(comp.buffers) != set(eager.buffers):
+        return [Mismatch("buffers", f"compiled has {sorted(comp.buffers)}, eager "
+                                    f"{sorted(eager.buffers)}")]
+    low_vals = dict(_values(low)) if low is not None else {}
+    out = [Mismatch(f"output {i}", f"requires_grad {c} != eager {e}")
+           for i, (c, e) in enumerate(zip(comp.requires_grad, eager.requires_grad)) if c != e]
+    for (what, c), (_, e), (_, r) in zip(_values(comp), _values(eager), _values(ref)):
+        hint = _low_precision_err(low_vals.get(what), r)
+        out.append(compare(what, c, e, r, eager_err=hint))
+    return [m for m in out if m]
+
+
+def _low_precision_err(low: Any, ref: Any) -> Optional[float]:
+    if not (torch.is_tensor(low) and torch.is_tensor(ref) and low.shape == ref.shape
+            and ref.is_floating_point()):
+        return None
+    mask = torch.isfinite(low) & torch.isfinite(ref)
+    if not bool(mask.any()):
+        return None
+    err = rel_err(low, ref, mask)
+    # No correct digit in float32: the float64 value is rounding noise too (ILL_CONDITIONED).
+    return float("inf") if err > ILL_CONDITIONED else err * _F32_TO_F64
+
+
+def _bitwise(a: RunResult, b: RunResult) -> list[Mismatch]:
+    pairs = [(f"output {i}", x, y) for i, (x, y) in enumerate(zip(a.outputs, b.outputs))]
+    pairs += [(f"grad of {n}", x, y) for n, x, y in zip(a.wrt, a.grads, b.grads)]
+    pairs += [(f"buffer {n}", a.buffers[n], b.buffers.get(n)) for n in a.buffers]
+    return [Mismatch(what, "two compiled runs with the same seed differ bitwise")
+            for what, x, y in pairs if not bitwise_equal(x, y)]
+
+
+def _clone(x: Any, dtype: Optional[torch.dtype] = None) -> Any:
+    """A copy with the same sizes, strides, offset and requires_grad (expanded inputs stay so)."""
+    if not torch.is_tensor(x):
+        return x
+    dtype = dtype if dtype is not None and x.is_floating_point() else x.dtype
+    if x.layout != torch.strided:  # sparse: no storage to share
+        return x.detach().clone().to(dtype).requires_grad_(x.requires_grad)
+    n = x.untyped_storage().nbytes() // x.element_size()
+    flat = torch.empty(0, dtype=x.dtype, device=x.device)
+    flat.set_(x.untyped_storage(), 0, (n,), (1,))
+    y = flat.detach().clone().to(dtype).as_strided(x.shape, x.stride(), x.storage_offset())
+    return y.requires_grad_(x.requires_grad)
+
+
+def _state(obj: Any) -> dict:
+    if not isinstance(obj, torch.nn.Module):
+        return {}
+    return {k: v.detach().clone() for k, v in obj.state_dict(keep_vars=True).items()}
+
+
+def _load_state(obj: Any, state: dict) -> None:
+    if state:
+        current = obj.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for k, v in state.items():
+                current[k].copy_(v)
+
+
+def _report(mismatches: list[Mismatch], fn: Callable, source: Optional[str],
+            options: dict) -> str:
+    if source is None:
+        try:
+            source = inspect.getsource(fn if not isinstance(fn, torch.nn.Module) else type(fn))
+        except (OSError, TypeError):
+            source = repr(fn)
+    lines = [f"trainc result differs from eager (compile options {options}):"]
+    lines += [f"  {m}" for m in mismatches]
+    return "\n".join(lines + ["program:", source])

@@ -1,0 +1,125 @@
+"""DESIGN.md's correctness policy: compare one compiled result against a float64 reference.
+
+Floating results pass if err(compiled) <= k * err(eager) + floor, err(x) = ||x - ref|| / ||ref||;
+everything else (shapes, dtypes, integer values, NaN/Inf positions) must match exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# dtype -> (k, floor). float64 has no lower-precision eager run to hide behind: compare tightly.
+# A value eager itself gets wrong by more than ILL_CONDITIONED (relative to the float64 result,
+# e.g. a gradient that is exactly zero in real arithmetic and rounding noise in floating point)
+# carries no digits to compare; only its exact properties (shape, dtype, NaN/Inf) are checked.
+ILL_CONDITIONED = 0.5
+# Few elements make err() one rounding sample rather than an average: a 1-element gradient
+# summed in another order is routinely 2-3x eager's error. k doubles below this many elements.
+SMALL_NUMEL = 16
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (2.0, 1e-9),
+    torch.float32: (2.0, 1e-5),
+    torch.bfloat16: (3.0, 1e-3),
+    torch.float16: (3.0, 1e-3),
+}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One failed check: which value, what differs, and the numbers behind it."""
+    what: str  # e.g. "output 0", "grad of x1", "buffer bn.running_mean"
+    reason: str
+    err_compiled: Optional[float] = None
+    err_eager: Optional[float] = None
+
+    def __str__(self) -> str:
+        if self.err_compiled is None:
+            return f"{self.what}: {self.reason}"
+        return (f"{self.what}: {self.reason} (err compiled {self.err_compiled:.3g}, "
+                f"err eager {self.err_eager:.3g})")
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| over `mask`; the absolute error when the reference is zero there."""
+    x, ref = x.double()[mask], ref.double()[mask]
+    diff = torch.linalg.vector_norm(x - ref).item()
+    scale = torch.linalg.vector_norm(ref).item()
+    return diff / scale if scale > 0 else diff
+
+
+def compare(what: str, compiled, eager, ref,
+            eager_err: Optional[float] = None) -> Optional[Mismatch]:
+    """Check one output or gradient; `ref` is the float64 run, `eager` the same-dtype run.
+
+    `eager_err`: an estimate of eager's error to use when larger than the measured one (for
+    float64, where eager is the reference: a float32 run's error scaled down to float64).
+    """
+    if eager is None or compiled is None:
+        # A gradient autograd never reached is None in one run and zeros in another: same value.
+        other = compiled if eager is None else eager
+        if other is None or not torch.is_tensor(other) or not other.is_floating_point() \
+                or bool((other == 0).all()):
+            return None
+        return Mismatch(what, f"None in {'eager' if eager is None else 'compiled'}, "
+                              "nonzero in the other")
+    if not torch.is_tensor(eager):
+        return None if compiled == eager else Mismatch(what, f"{compiled!r} != {eager!r}")
+    if not torch.is_tensor(compiled):
+        return Mismatch(what, f"compiled gave {type(compiled).__name__}, eager a tensor")
+    if compiled.shape != eager.shape:
+        return Mismatch(what, f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}")
+    if compiled.dtype != eager.dtype:
+        return Mismatch(what, f"dtype {compiled.dtype} != eager {eager.dtype}")
+    if compiled.device != eager.device:
+        return Mismatch(what, f"device {compiled.device} != eager {eager.device}")
+    if not eager.is_floating_point() and not eager.is_complex():
+        same = torch.equal(compiled, eager)
+        return None if same else Mismatch(what, "integer/bool values differ")
+    if eager.is_complex():  # real and imaginary parts as floats, each under the same policy
+        compiled, eager, ref = (torch.view_as_real(t.resolve_conj())
+                                for t in (compiled, eager, ref))
+    return _compare_float(what, compiled, eager, ref, eager_err)
+
+
+def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Mismatch]:
+    for name, test in (("NaN", torch.isnan), ("+Inf", _posinf), ("-Inf", _neginf)):
+        if not torch.equal(test(compiled), test(eager)):
+            n = int((test(compiled) != test(eager)).sum())
+            return Mismatch(what, f"{name} positions differ from eager at {n} element(s)")
+    mask = torch.isfinite(compiled) & torch.isfinite(eager) & torch.isfinite(ref)
+    if not bool(mask.any()):
+        return None
+    k, floor = TOLERANCES.get(eager.dtype, TOLERANCES[torch.float32])
+    k = 2 * k if int(mask.sum()) < SMALL_NUMEL else k
+    e_c, e_e = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
+    e_e = max(e_e, eager_err or 0.0)
+    if e_c <= k * e_e + floor or e_e > ILL_CONDITIONED:
+        return None
+    return Mismatch(what, f"exceeds {k:g} * eager + {floor:g}", e_c, e_e)
+
+
+def _posinf(t: torch.Tensor) -> torch.Tensor:
+    return torch.isposinf(t)
+
+
+def _neginf(t: torch.Tensor) -> torch.Tensor:
+    return torch.isneginf(t)
+
+
+_INT_OF = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+def bitwise_equal(a, b) -> bool:
+    """Equal bits (so -0.0 != 0.0 and NaN == NaN), same shape and dtype."""
+    if a is None or b is None:
+        return a is None and b is None
+    if not torch.is_tensor(a) or not torch.is_tensor(b):
+        return a == b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        as_int = _INT_OF[a.element_size()]
+        return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+    return torch.equal(a, b)
