@@ -41,7 +41,7 @@ class CostModel:
         self.by_name: dict[str, fx.Node] = {}
         for n in gm.graph.nodes:
             self.by_name[n.name] = n
-            if n.op in ("placeholder", "call_function"):
+            if n.op in ("placeholder", "get_attr", "call_function"):
                 self.costs[n] = self._cost(n)
 
     def __getitem__(self, node: fx.Node) -> NodeCost:
@@ -49,7 +49,7 @@ class CostModel:
 
     def _cost(self, n: fx.Node) -> NodeCost:
         storages = tuple(self._storage(n, i, t) for i, t in enumerate(_tensors(val(n))))
-        if n.op == "placeholder":
+        if n.op in ("placeholder", "get_attr"):  # inputs and tensor constants: always alive
             self.input_storages.update(storages)
         nbytes = sum(self.storage_bytes[s] for s in set(storages) if s not in self.input_storages)
         cls = self.policy.classify(n)

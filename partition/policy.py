@@ -68,7 +68,7 @@ class SavePolicy:
     flops_per_byte: float = 32.0
 
     def classify(self, node: fx.Node) -> str:
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):  # graph inputs and tensor constants
             return INPUT
         name = op_name(node)
         if name in self.never:

@@ -72,9 +72,14 @@ def _build(gm: fx.GraphModule, inputs: list, order: list, outputs: Iterable) -> 
     for n in inputs:
         env[n] = graph.placeholder(n.name)
         env[n].meta = dict(n.meta)
+    def lookup(a: fx.Node) -> fx.Node:
+        if a not in env and a.op == "get_attr":  # tensor constants: copied where used
+            env[a] = graph.node_copy(a)
+        return env[a]
+
     for n in order:
         if n not in env:
-            env[n] = graph.node_copy(n, lambda a: env[a])
+            env[n] = graph.node_copy(n, lookup)
     graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
     graph.lint()
     return fx.GraphModule(gm, graph)

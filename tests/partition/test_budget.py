@@ -114,3 +114,18 @@ def test_dropout_mask_identical_whether_saved_or_recomputed(budget, partitioner,
     # min-cut rebuilds the mask from the seed in the backward; save_all saves the masked
     # values. Both must give the forward's mask.
     assert bool(random) == mask_recomputed
+
+
+@pytest.mark.parametrize("budget", [None, 0.0, 0.5])
+def test_tensor_constants_are_free_inputs(budget):
+    """Regression (fuzz): a get_attr tensor constant crashed the cost model and the split."""
+    torch._dynamo.reset()
+
+    def f(x0, x1):
+        return x1 * 2, x0[torch.tensor([0, 0])], torch.gather(x1, 0, torch.tensor([[1, 0]]))
+
+    x0, x1 = torch.randn(2), torch.randn(2, 2, requires_grad=True)
+    a, b, c = trainc.compile(f, backend="aten", memory_budget=budget)(x0, x1)
+    torch.testing.assert_close(b, x0[[0, 0]])
+    (a.sum() + c.sum()).backward()
+    torch.testing.assert_close(x1.grad, torch.tensor([[2.0, 3.0], [3.0, 2.0]]))
