@@ -84,7 +84,7 @@ def _analyze(gm, fakes, requires_grad, training) -> _Analysis:
     outputs, computed = _classify_outputs(outs, inner)
     values = [_computed_tensor(outs, k) for k in computed]
     tangents = tuple(i for i, v in enumerate(values)
-                     if training and v.requires_grad and v.is_floating_point())
+                     if training and v.requires_grad and (v.is_floating_point() or v.is_complex()))
     examples = tuple(_tangent_like(values[i]) for i in tangents)
     strides = tuple(tuple(v.stride()) for v in values)
     return _Analysis(meta_mutated, tuple(outputs), tuple(computed), tangents, strides, examples)
@@ -108,7 +108,9 @@ def _classify_outputs(outs, inner):
                 outputs[k] = _view_info(OutputKind.ALIAS_OF_INPUT, input_storage[ref], outs[k], base)
             continue
         roots = [k for k in members if outs[k]._base is None]
-        if len(members) == 1 or roots:
+        # A lone view can be computed on its own, unless its layout overlaps (expand): then,
+        # as for several views of one intermediate, the intermediate is computed instead.
+        if roots or (len(members) == 1 and _dense(outs[members[0]])):
             base_k = roots[0] if roots else members[0]
             base_c, base_t = len(computed), outs[base_k]
             computed.append(base_k)
@@ -121,6 +123,17 @@ def _classify_outputs(outs, inner):
             if outputs[k] is None:
                 outputs[k] = _view_info(OutputKind.ALIAS_OF_OUTPUT, base_c, outs[k], base_t)
     return outputs, computed
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when the elements of t occupy distinct, contiguous-in-some-order memory."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _computed_tensor(outs, k: int) -> torch.Tensor:

@@ -17,7 +17,8 @@ F32 = torch.float32
 
 
 def _dims(x: TensorValue, dims) -> list[int]:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+    # A 0-d tensor accepts dim 0/-1 and reduces over nothing, like dims=None.
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0) or not x.shape:
         return list(range(len(x.shape)))
     if isinstance(dims, int):
         dims = [dims]

@@ -252,3 +252,29 @@ def test_graph_break_compiles_each_graph_and_stays_correct():
         trainc.compile(f, backend="aten")(x).backward()
     assert len(recs) >= 2, "each side of the break is its own graph"
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_expanded_output_keeps_eager_strides():
+    """Regression (fuzz): an expand of an intermediate came back through an overlapping copy."""
+    def f(x):
+        return (x + 1.5).expand(2, -1, -1)
+    out, _ = _check(f, torch.randn(3, 4, requires_grad=True))
+    assert out[0].stride() == (0, 4, 1)
+
+
+def test_reductions_over_dim_of_0d_tensor():
+    """Regression (fuzz): dim 0/-1 of a 0-d tensor crashed the C++ reduction lowering."""
+    _check(lambda x: (x.sum(0, keepdim=True), x.amax(-1), x.mean(0)),
+           torch.randn((), requires_grad=True))
+
+
+def test_complex_intermediate_and_output():
+    """Regression (fuzz): complex values fall back to ATen in codegen, and complex outputs
+    keep their gradients."""
+    _check(lambda x: torch.view_as_complex(x * 2).abs(), torch.randn(3, 2, requires_grad=True))
+    re, im = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    z = _compile(lambda a, b: torch.complex(a, b) * 2)(re, im)
+    assert z.requires_grad
+    z.abs().sum().backward()
+    expected = 2 * re.detach() / torch.complex(re, im).abs().detach()
+    torch.testing.assert_close(re.grad, expected)
