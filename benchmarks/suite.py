@@ -16,7 +16,10 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "shared", "bench")))
+for _bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
+               os.path.join(HERE, "..", "shared", "bench")):
+    if os.path.isdir(_bench):
+        sys.path.insert(0, os.path.abspath(_bench))
 import models  # noqa: E402
 
 import trainc  # noqa: E402
@@ -51,6 +54,13 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -
             row["fallbacks"] = sorted({op for r in recs for op in r.fallback_ops})
         for _ in range(2):
             step()
+        if device == "cuda":  # peak above the starting allocation, one steady-state step
+            _sync(device)
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            _sync(device)
+            row[f"{mode}_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         runs[mode] = (step, [])
     for _ in range(iters):
         for mode in MODES:
@@ -72,13 +82,15 @@ def _sync(device: str) -> None:
 
 def table(rows: list[dict]) -> str:
     head = ("model", "dtype", "eager ms", "inductor ms", "trainc ms", "trainc/inductor",
-            "trainc/eager", "inductor first s", "trainc first s", "kernels", "fallbacks")
+            "trainc/eager", "inductor first s", "trainc first s", "kernels", "fallbacks",
+            "eager MiB", "inductor MiB", "trainc MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = (r["model"], r["dtype"], f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}",
                  f"{r['trainc_ms']:.2f}", f"{r['trainc_ms'] / r['inductor_ms']:.2f}",
                  f"{r['trainc_ms'] / r['eager_ms']:.2f}", f"{r['inductor_first_s']:.1f}",
-                 f"{r['trainc_first_s']:.1f}", str(r["kernels"]), str(len(r["fallbacks"])))
+                 f"{r['trainc_first_s']:.1f}", str(r["kernels"]), str(len(r["fallbacks"])),
+                 *(f"{r[m + '_peak_mib']:.0f}" if m + "_peak_mib" in r else "-" for m in MODES))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
