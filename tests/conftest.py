@@ -15,3 +15,19 @@ sys.path.insert(0, HERE)
 BENCH = os.path.join(HERE, "..", "..", "shared", "bench")
 if os.path.isdir(BENCH):
     sys.path.insert(0, os.path.abspath(BENCH))
+
+# Hypothesis profiles: "ci" (default; derandomized, so the default suite is reproducible) and
+# "nightly" (`pytest --hypothesis-profile=nightly tests/fuzz`: random, thousands of examples).
+try:
+    from hypothesis import HealthCheck, Phase, settings
+except ImportError:  # hypothesis is a test extra; only the fuzz tests need it
+    settings = None
+if settings is not None:
+    _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    # ci does not shrink: one example costs ~0.3 s, shrinking a failure can take minutes.
+    settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True,
+                              database=None, suppress_health_check=_slow_ok, print_blob=True,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.register_profile("nightly", max_examples=2000, deadline=None,
+                              suppress_health_check=_slow_ok, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
