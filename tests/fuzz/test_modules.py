@@ -1,0 +1,17 @@
+"""Random nn.Module stacks: outputs, parameter and input grads, buffers vs eager."""
+import pytest
+from hypothesis import given, settings
+
+from fuzz_helpers import combos, examples, run_check
+from trainc.testing import module_stacks
+
+COMBOS = combos()
+
+
+@pytest.mark.parametrize("backend,budget", COMBOS)
+def test_module_stacks_match_eager(backend, budget):
+    @settings(max_examples=examples(backend))
+    @given(stack=module_stacks())
+    def prop(stack):
+        run_check(stack, backend, budget)
+    prop()

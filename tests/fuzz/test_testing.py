@@ -1,0 +1,75 @@
+"""trainc.testing itself: the policy catches wrong answers, programs print runnable source."""
+import pytest
+import torch
+from hypothesis import given, settings
+
+import trainc.codegen as codegen
+from trainc.testing import Program, assert_grads_match, compare, programs
+from trainc.testing.programs import InputSpec
+
+
+def test_compare_accepts_eager_level_error_and_rejects_more():
+    ref = torch.linspace(1, 2, 100, dtype=torch.float64)
+    eager = ref.float() * (1 + 1e-4)
+    assert compare("x", ref.float() * (1 + 1.5e-4), eager, ref) is None
+    m = compare("x", ref.float() * (1 + 1e-3), eager, ref)
+    assert m is not None and m.err_compiled > m.err_eager and "x" in str(m)
+
+
+def test_compare_exact_properties():
+    ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    eager = ref.float()
+    assert "NaN" in compare("y", torch.tensor([1.0, 2.0, 3.0]), eager, ref).reason
+    assert "shape" in compare("y", eager[:2], eager, ref).reason
+    assert "dtype" in compare("y", eager.double(), eager, ref).reason
+    ints = torch.tensor([1, 2, 3])
+    assert compare("i", ints + 1, ints, ints) is not None
+
+
+class _WrongGrads:
+    """The aten backend with every backward graph's results scaled by 1.01."""
+    name = "aten"
+
+    def __init__(self, *args):  # whatever the registry passes (config), for the inner backend
+        self.args = args
+
+    def compile(self, gm, example_inputs):
+        inner = codegen.AtenBackend(*self.args).compile(gm, example_inputs)
+        is_bwd = any(n.name.startswith("tangents") for n in gm.graph.nodes
+                     if n.op == "placeholder")
+
+        def run(args):
+            outs = inner.run(args)
+            return [o * 1.01 if is_bwd and torch.is_tensor(o) and o.is_floating_point() else o
+                    for o in outs]
+        return codegen.CompiledGraph(run, inner.kernels, inner.fallback_ops, inner.source)
+
+
+def test_assert_grads_match_catches_a_wrong_gradient(monkeypatch):
+    def f(x, w):
+        return (torch.tanh(x @ w).sum(-1),)
+    inputs = [torch.randn(4, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True)]
+    assert assert_grads_match(f, inputs, backend="aten") == []
+    monkeypatch.setitem(codegen.BACKENDS, "aten", _WrongGrads)
+    with pytest.raises(AssertionError, match="grad of input 0.*err compiled"):
+        assert_grads_match(f, inputs, backend="aten")
+
+
+def test_program_source_is_runnable():
+    prog = Program(torch.float32, (InputSpec((2, 3)), InputSpec((3,), False, "expanded", (0,))),
+                   ("v0 = x0 * x1", "v1 = v0.sum(1, keepdim=True)", "v0.mul_(0.5)"),
+                   ("v0", "v1"), 0, 7)
+    ns = {}
+    exec(prog.source, ns)
+    xs = ns["make_inputs"]()
+    assert xs[1].stride() == (0,) and xs[0].requires_grad and not xs[1].requires_grad
+    for a, b in zip(ns["program"](*xs), prog.fn()(*prog.make_inputs())):
+        assert torch.equal(a, b)
+
+
+@settings(max_examples=20)
+@given(prog=programs(max_ops=10))
+def test_generated_programs_run_eagerly_and_print(prog):
+    outs = prog.fn()(*prog.make_inputs())
+    assert len(outs) == len(prog.outputs) >= 1
+    assert "def program(" in repr(prog) and "def make_inputs(" in repr(prog)
