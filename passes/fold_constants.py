@@ -57,13 +57,13 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node, consts: dict) -> Any:
     """The concrete value of `node` if it is a small constant we fold exactly, else None."""
     if node.op == "get_attr":
         v = getattr(gm, node.target, None)
-        return v if isinstance(v, torch.Tensor) and v.numel() <= 1 else None
+        return v if isinstance(v, torch.Tensor) and v.numel() == 1 else None
     if node.op != "call_function":
         return None
     py = node.target in _PY_OPS
     if not py and node.target not in _EXACT | _CREATE:
         return None
-    small = isinstance(val(node), torch.Tensor) and val(node).numel() <= 1 \
+    small = isinstance(val(node), torch.Tensor) and val(node).numel() == 1 \
         and not val(node).is_complex()
     if not (py or small) or any(a not in consts for a in node.all_input_nodes):
         return None

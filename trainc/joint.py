@@ -6,12 +6,14 @@ out as extra leading outputs; outputs that alias inputs or each other are regene
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -46,7 +48,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         seed = torch.empty((), dtype=torch.int64)
         tangents = list(info.tangent_examples) if training else []
     fn, grads = _joint_fn(gm, info, requires_grad, training, len(args))
-    with mode:
+    with mode, _data_dependent_is_unsupported():
         mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
@@ -65,6 +67,19 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                          tangents=info.tangents if training else (),
                          grads=tuple(grads) if training else (), training=training)
     return JointGraph(functional, sig)
+
+
+@contextlib.contextmanager
+def _data_dependent_is_unsupported():
+    """Ops whose output shape depends on data (nonzero, boolean-mask indexing in a backward)
+    cannot be traced with static shapes: say so instead of failing deep inside make_fx."""
+    try:
+        yield
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        raise UnsupportedError(
+            f"trainc: {e.func if hasattr(e, 'func') else e} has a data-dependent output shape "
+            "(e.g. boolean-mask indexing or nonzero, possibly inside a backward formula); "
+            "not supported: compute it outside the compiled region") from e
 
 
 def _analyze(gm, fakes, requires_grad, training) -> _Analysis:
@@ -102,6 +117,18 @@ def _classify_outputs(outs, inner):
     outputs: list = [None] * len(outs)
     computed: list[int] = []
     for ref, members in groups.items():
+        # A view that reinterprets the dtype (view_as_complex, view(dtype)) cannot be rebuilt
+        # with as_strided on its base: compute it instead (its aliasing with the base is lost).
+        odd = [k for k in members if ref in input_storage and
+               outs[k].dtype != inner[input_storage[ref]].dtype]
+        odd += [k for k in members if ref not in input_storage and outs[k]._base is not None
+                and outs[k].dtype != outs[k]._base.dtype]
+        for k in odd:
+            outputs[k] = _computed_info(len(computed), outs[k])
+            computed.append(k)
+        members = [k for k in members if k not in odd]
+        if not members:
+            continue
         if ref in input_storage:
             base = inner[input_storage[ref]]
             for k in members:

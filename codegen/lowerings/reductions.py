@@ -150,10 +150,11 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
 
 def _softmax_parts(ctx, x: TensorValue, dim: int):
     dt = opmath(x.dtype)
-    m = expand(reduce(ctx, x, [dim], "max", dt, True), x.shape)
+    dims = _dims(x, [dim])  # a 0-d tensor's dim 0/-1 reduces over nothing
+    m = expand(reduce(ctx, x, dims, "max", dt, True), x.shape)
     shifted = TensorValue(x.shape, dt, lambda i: ir.op("sub", dt, cast(x(i), dt), cast(m(i), dt)))
     e = TensorValue(x.shape, dt, lambda i: ir.op("exp", dt, shifted(i)))
-    s = expand(reduce(ctx, e, [dim], "sum", dt, True), x.shape)
+    s = expand(reduce(ctx, e, dims, "sum", dt, True), x.shape)
     return dt, shifted, e, s
 
 

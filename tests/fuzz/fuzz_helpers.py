@@ -57,10 +57,6 @@ def examples(backend: str, scale: float = 1.0) -> int:
 # green while they are open; delete the entry together with the xfail marker once fixed.
 KNOWN_BUGS: dict[str, tuple[type, str, str]] = {  # name: (exception, message part, file)
     "test_triton_bf16_dropout": (Exception, "cannot reshape array of size", "triton"),
-    "test_cpp_softmax_of_0d_tensor":
-        (IndexError, "tuple index out of range", "lowerings/reductions.py"),
-    "test_gather_with_empty_constant_index_inference":
-        (RuntimeError, "0 elements cannot be converted to Scalar", "fold_constants.py"),
 }
 
 
