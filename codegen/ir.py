@@ -305,3 +305,35 @@ def size_of(expr_count_limit: int, e: Expr) -> int:
         if n > expr_count_limit:
             break
     return n
+
+
+@dataclass(frozen=True)
+class IndexSyntax:
+    """How a backend spells index arithmetic: the only per-backend part of printing an index."""
+    floordiv: str  # infix operator for non-negative floor division
+    minimum: str  # function names for sympy.Min / sympy.Max
+    maximum: str
+    integer: Callable[[int], str]  # an integer literal
+    backend: str
+
+
+def print_index(e, syntax: IndexSyntax) -> str:
+    """A sympy index expression (Add, Mul, FloorDiv, ModIndex, Min, Max) as backend source."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return syntax.integer(int(e))
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add or e.is_Mul:
+        op = " + " if e.is_Add else " * "
+        return "(" + op.join(print_index(a, syntax) for a in e.args) + ")"
+    if isinstance(e, (FloorDiv, ModIndex)):
+        op = syntax.floordiv if isinstance(e, FloorDiv) else "%"
+        return f"({print_index(e.args[0], syntax)} {op} {print_index(e.args[1], syntax)})"
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        f = syntax.minimum if isinstance(e, sympy.Min) else syntax.maximum
+        out = print_index(e.args[0], syntax)
+        for a in e.args[1:]:
+            out = f"{f}({out}, {print_index(a, syntax)})"
+        return out
+    raise NotImplementedError(f"trainc {syntax.backend}: index expression {e!r}")

@@ -30,27 +30,13 @@ def ctype(dtype: torch.dtype) -> str:
     return STORAGE[dtype]
 
 
+CPP_INDEX = ir.IndexSyntax(
+    floordiv="/", minimum="std::min<int64_t>", maximum="std::max<int64_t>",
+    integer=lambda v: f"{v}LL" if abs(v) > 2**31 - 1 else str(v), backend="cpp")
+
+
 def index_code(e) -> str:
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return f"{int(e)}LL" if abs(int(e)) > 2**31 - 1 else str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if e.is_Add:
-        return "(" + " + ".join(index_code(a) for a in e.args) + ")"
-    if e.is_Mul:
-        return "(" + " * ".join(index_code(a) for a in e.args) + ")"
-    if isinstance(e, ir.FloorDiv):
-        return f"({index_code(e.args[0])} / {index_code(e.args[1])})"
-    if isinstance(e, ir.ModIndex):
-        return f"({index_code(e.args[0])} % {index_code(e.args[1])})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        f = "std::min<int64_t>" if isinstance(e, sympy.Min) else "std::max<int64_t>"
-        out = index_code(e.args[0])
-        for a in e.args[1:]:
-            out = f"{f}({out}, {index_code(a)})"
-        return out
-    raise NotImplementedError(f"trainc cpp: index expression {e!r}")
+    return ir.print_index(e, CPP_INDEX)
 
 
 def const_code(value, dtype: torch.dtype) -> str:

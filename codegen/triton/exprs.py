@@ -41,27 +41,12 @@ def literal(value, dtype: torch.dtype) -> str:
     return repr(v)
 
 
+TRITON_INDEX = ir.IndexSyntax(floordiv="//", minimum="tl.minimum", maximum="tl.maximum",
+                              integer=str, backend="triton")
+
+
 def index_code(e) -> str:
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if e.is_Add:
-        return "(" + " + ".join(index_code(a) for a in e.args) + ")"
-    if e.is_Mul:
-        return "(" + " * ".join(index_code(a) for a in e.args) + ")"
-    if isinstance(e, ir.FloorDiv):
-        return f"({index_code(e.args[0])} // {index_code(e.args[1])})"
-    if isinstance(e, ir.ModIndex):
-        return f"({index_code(e.args[0])} % {index_code(e.args[1])})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        f = "tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum"
-        out = index_code(e.args[0])
-        for a in e.args[1:]:
-            out = f"{f}({out}, {index_code(a)})"
-        return out
-    raise NotImplementedError(f"trainc triton: index expression {e!r}")
+    return ir.print_index(e, TRITON_INDEX)
 
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
