@@ -92,3 +92,13 @@ def nbytes(v: object) -> int:
             return sum(nbytes(x) for x in v)
         return 0
     return int(v.numel()) * v.element_size()
+
+
+def is_dense(shape, stride) -> bool:
+    """True when a layout's elements occupy distinct memory with no gaps (some dim order)."""
+    expected = 1
+    for size, st in sorted((d for d in zip(shape, stride) if d[0] != 1), key=lambda d: d[1]):
+        if st != expected:
+            return False
+        expected *= size
+    return True

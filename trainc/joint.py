@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from trainc import decomps, rng
 from trainc.graph import (GraphSignature, InputInfo, InputKind, JointGraph, OutputInfo,
-                          OutputKind)
+                          OutputKind, is_dense)
 
 
 class UnsupportedError(RuntimeError):
@@ -118,9 +118,12 @@ def _classify_outputs(outs, inner):
     computed: list[int] = []
     for ref, members in groups.items():
         # A view that reinterprets the dtype (view_as_complex, view(dtype)) cannot be rebuilt
-        # with as_strided on its base: compute it instead (its aliasing with the base is lost).
+        # with as_strided on its base, nor can a view of an input whose own elements overlap
+        # (an expanded input: as_strided's backward would sum the aliased positions). Such
+        # outputs are computed instead (their aliasing with the base is lost).
         odd = [k for k in members if ref in input_storage and
-               outs[k].dtype != inner[input_storage[ref]].dtype]
+               (outs[k].dtype != inner[input_storage[ref]].dtype
+                or not _dense(inner[input_storage[ref]]))]
         odd += [k for k in members if ref not in input_storage and outs[k]._base is not None
                 and outs[k].dtype != outs[k]._base.dtype]
         for k in odd:
@@ -153,14 +156,7 @@ def _classify_outputs(outs, inner):
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """True when the elements of t occupy distinct, contiguous-in-some-order memory."""
-    expected = 1
-    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1),
-                               key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    return is_dense(t.shape, t.stride())
 
 
 def _computed_tensor(outs, k: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from trainc import rng
 from trainc.codegen import CompiledGraph
-from trainc.graph import GraphSignature, OutputKind
+from trainc.graph import GraphSignature, OutputKind, is_dense
 
 DOUBLE_BACKWARD_MSG = (
     "trainc: double backward (torch.autograd.grad/backward with create_graph=True) through a "
@@ -51,7 +51,9 @@ def _forward_values(art: Artifact, results: list) -> list:
     vals = list(results[:art.signature.num_fwd_outputs])
     for c, stride in enumerate(art.signature.computed_strides):
         v = vals[nm + c]
-        if isinstance(v, torch.Tensor) and v.stride() != stride and v.numel() > 1:
+        # Eager layouts that overlap (expanded views) cannot be written into; keep ours.
+        if isinstance(v, torch.Tensor) and v.stride() != stride and v.numel() > 1 \
+                and is_dense(v.shape, stride):
             vals[nm + c] = torch.empty_strided(v.shape, stride, dtype=v.dtype,
                                                device=v.device).copy_(v)
     return vals

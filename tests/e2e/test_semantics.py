@@ -278,3 +278,11 @@ def test_complex_intermediate_and_output():
     z.abs().sum().backward()
     expected = 2 * re.detach() / torch.complex(re, im).abs().detach()
     torch.testing.assert_close(re.grad, expected)
+
+
+def test_view_output_of_an_expanded_input():
+    """Regression (nightly fuzz): a view output of an input whose elements overlap (expanded)
+    was rebuilt with as_strided, whose backward summed the aliased positions: wrong grad."""
+    x = torch.randn(1, 1).expand(1, 2).requires_grad_()
+    _check(lambda a: a.transpose(0, 1), x)
+    _check(lambda a: (a.t(), a * 2), torch.randn(3, 1).expand(3, 4).requires_grad_())
