@@ -8,6 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from trainc import decomps
 from trainc.codegen import CompiledGraph
 from trainc.codegen.cpp import CppBackend
+from policy import assert_same  # noqa: E402,F401  (shared with the other test helpers)
 
 
 def compile_cpp(fn, *args) -> CompiledGraph:
@@ -19,18 +20,6 @@ def compile_cpp(fn, *args) -> CompiledGraph:
 
 def _tuple(x):
     return tuple(x) if isinstance(x, (list, tuple)) else (x,)
-
-
-def assert_same(out, ref, rtol: float = 1e-5, atol: float = 1e-6, what: str = "") -> None:
-    """Exact for shapes, dtypes, integers, bools and NaN/Inf positions; close for floats."""
-    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
-    assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
-    if not ref.is_floating_point():
-        assert torch.equal(out, ref), f"{what}: values differ\n{out}\n{ref}"
-        return
-    assert torch.equal(out.isnan(), ref.isnan()), f"{what}: NaN positions differ"
-    assert torch.equal(out.isinf(), ref.isinf()), f"{what}: Inf positions differ"
-    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True, msg=what)
 
 
 def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6) -> CompiledGraph:

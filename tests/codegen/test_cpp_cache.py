@@ -5,7 +5,7 @@ import sys
 
 SCRIPT = r"""
 import sys, torch
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {tests!r}]  # cpp_helpers, and the shared tests/policy.py
 from cpp_helpers import compile_cpp
 c = compile_cpp(lambda x: (x.sin() * 2).sum(1), torch.randn(4, 8))
 x = torch.randn(4, 8)
@@ -17,7 +17,8 @@ print("HIT" if c.extra["cache_hit"] else "MISS", c.extra["library"])
 def _run(cache: str) -> str:
     env = dict(os.environ, TRAINC_CACHE_DIR=cache)
     here = os.path.dirname(__file__)
-    out = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here)], env=env,
+    script = SCRIPT.format(here=here, tests=os.path.dirname(os.path.abspath(here)))
+    out = subprocess.run([sys.executable, "-c", script], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]

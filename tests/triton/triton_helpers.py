@@ -11,6 +11,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 from trainc import decomps  # noqa: E402
 from trainc.codegen import CompiledGraph  # noqa: E402
 from trainc.codegen.triton import TritonBackend  # noqa: E402
+from policy import assert_same  # noqa: E402,F401  (shared with the other test helpers)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -23,19 +24,6 @@ def compile_triton(fn, *args) -> CompiledGraph:
 
 def _tuple(x):
     return tuple(x) if isinstance(x, (list, tuple)) else (x,)
-
-
-def assert_same(out, ref, rtol: float = 1e-5, atol: float = 1e-6, what: str = "") -> None:
-    """Exact for shapes, dtypes, integers, bools and NaN/Inf positions; close for floats."""
-    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
-    assert out.dtype == ref.dtype, f"{what}: dtype {out.dtype} != {ref.dtype}"
-    assert out.device == ref.device, f"{what}: device {out.device} != {ref.device}"
-    if not ref.is_floating_point():
-        assert torch.equal(out, ref), f"{what}: values differ\n{out}\n{ref}"
-        return
-    assert torch.equal(out.isnan(), ref.isnan()), f"{what}: NaN positions differ"
-    assert torch.equal(out.isinf(), ref.isinf()), f"{what}: Inf positions differ"
-    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True, msg=what)
 
 
 def check(fn, *args, rtol: float = 1e-5, atol: float = 1e-6) -> CompiledGraph:
