@@ -28,6 +28,8 @@ if settings is not None:
     settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True,
                               database=None, suppress_health_check=_slow_ok, print_blob=True,
                               phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    settings.register_profile("nightly", max_examples=2000, deadline=None,
+    # TRAINC_FUZZ_EXAMPLES overrides the count, e.g. to split a nightly run over many processes.
+    settings.register_profile("nightly", deadline=None,
+                              max_examples=int(os.environ.get("TRAINC_FUZZ_EXAMPLES", "2000")),
                               suppress_health_check=_slow_ok, print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -6,6 +6,7 @@ only where the IR casts or stores. Each variable records which tile axes it vari
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import sympy
@@ -115,7 +116,19 @@ def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool:
         return f"({x} != 0)"
     if dst in (torch.bfloat16, torch.float16):  # round now, keep computing in float32
-        return f"{x}.to({TL[dst]}).to(tl.float32)"
+        if src == torch.bool:  # 0/1 are exact in float32; the interpreter mis-casts i1 -> bf16
+            return f"{x}.to(tl.float32)"
+        return f"{to_dtype(x, src, dst)}.to(tl.float32)"
+    return f"{x}.to({TL[dst]})"
+
+
+def to_dtype(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """x (computed in compute(src)) converted to dst. Native Triton rounds float32 -> bfloat16
+    to nearest even; its interpreter truncates, so under it the rounding is spelled out
+    (_rne_bf16) and CPU tests see the values the GPU computes."""
+    if dst == torch.bfloat16 and compute(src) == torch.float32 \
+            and os.environ.get("TRITON_INTERPRET") == "1":
+        return f"_rne_bf16({x})"
     return f"{x}.to({TL[dst]})"
 
 
@@ -175,7 +188,10 @@ class Body:
 
     def _code(self, e: ir.Expr) -> str:
         if isinstance(e, ir.IndexValue):
-            return f"({self.index(e.expr)}).to({tl_compute(e.dtype)})"
+            expr = sympy.sympify(e.expr)
+            if expr.is_Integer:  # a size-1 range: a Python int has no .to(), use a constant
+                return self.p.const(ir.Const(int(expr), e.dtype))
+            return f"({self.index(expr)}).to({tl_compute(e.dtype)})"
         if isinstance(e, ir.Load):
             return self.p.load(self, e)
         a = [self.value(x) for x in e.args]

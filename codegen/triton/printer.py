@@ -13,7 +13,8 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
-from trainc.codegen.triton.exprs import TL, Body, compute, index_code, literal, tl_compute
+from trainc.codegen.triton.exprs import (TL, Body, compute, index_code, literal, tl_compute,
+                                          to_dtype)
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -87,9 +88,9 @@ class KernelPrinter:
     def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
               atomic: bool = False) -> None:
         self.params[buf] = True
-        dt = TL[self.g.buffers[buf].dtype]
+        dt = self.g.buffers[buf].dtype
         f = "tl.atomic_add" if atomic else "tl.store"
-        body.emit(f"{f}({buf} + {idx} + {zeros}, {v}.to({dt}), mask={mask})")
+        body.emit(f"{f}({buf} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})")
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
@@ -377,6 +378,14 @@ def _tanh(x):
     e = _expm1(-2 * tl.abs(x))
     t = -e / (2 + e)
     return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _rne_bf16(x):
+    # float32 -> bfloat16 rounded to nearest even (used only under the interpreter); NaN stays
+    u = x.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, r.to(tl.float32, bitcast=True)).to(tl.bfloat16)
 
 
 @triton.jit

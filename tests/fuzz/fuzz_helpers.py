@@ -56,7 +56,6 @@ def examples(backend: str, scale: float = 1.0) -> int:
 # properties record them as hypothesis events rather than failing, so the default suite stays
 # green while they are open; delete the entry together with the xfail marker once fixed.
 KNOWN_BUGS: dict[str, tuple[type, str, str]] = {  # name: (exception, message part, file)
-    "test_triton_bf16_dropout": (Exception, "cannot reshape array of size", "triton"),
 }
 
 

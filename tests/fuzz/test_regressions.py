@@ -102,13 +102,32 @@ def test_index_put_with_bool_mask_is_a_clear_error():
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not registered")
-@pytest.mark.xfail(strict=True, reason="triton (TRITON_INTERPRET=1): bf16 dropout kernel "
-                   "fails, InterpreterError 'cannot reshape array of size 16 into shape (64,)'")
 def test_triton_bf16_dropout():
+    """Was a fuzz failure: the interpreter mis-casts bool -> bf16 (the keep mask); fixed."""
     prog = Program(torch.bfloat16, (InputSpec((3, 11)),), ("v0 = F.dropout(x0, p=0.1)",),
                    ("v0",), 1, 0)
     prog.check(backend="triton")
 
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not registered")
+def test_triton_rounds_float32_to_bfloat16_to_nearest_even():
+    """Was a fuzz failure (bf16 program 1 ulp off): the interpreter truncates float32 -> bf16
+    where native Triton rounds to nearest even; the generated code now rounds explicitly."""
+    torch._dynamo.reset()
+    x = torch.tensor([1 + 2 ** -8 + 2 ** -12, -0.91756, 1 + 2 ** -8, float("nan"), 3e38])
+    y = trainc.compile(lambda t: (t * 1.0).to(torch.bfloat16), backend="triton")(x)
+    assert torch.equal(y[:3], x[:3].bfloat16()) and torch.isnan(y[3])
+    assert torch.equal(y[4:], x[4:].bfloat16())
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not registered")
+def test_triton_index_value_over_size_one_range():
+    """Was a fuzz failure: an arange over a size-1 dim printed `(0).to(tl.int64)`."""
+    torch._dynamo.reset()
+    x = torch.randn(1, 3)
+    f = trainc.compile(lambda t: t + torch.arange(t.shape[0]).unsqueeze(1), backend="triton")
+    torch.testing.assert_close(f(x), x + torch.arange(1).unsqueeze(1))
 
 
 @needs_cpp
