@@ -1,7 +1,8 @@
 """OpInfo sweep: torch's op_db samples for differentiable float32 ops through trainc.compile.
 
     python benchmarks/opinfo_sweep.py [--backends aten,cpp] [--samples 3] [--ops add,mul]
-                                      [--time-limit 1800] [--json out.json]
+                                      [--time-limit 1800] [--json out.json] [--shard 0/4]
+    python benchmarks/opinfo_sweep.py --summarize shard0.json shard1.json ...
 
 Per op and backend: pass, fallback (correct, but some ATen ops ran without generated code),
 fail (a policy mismatch or a crash that is not a clear trainc refusal), or skip with a reason.
@@ -29,12 +30,19 @@ SAMPLE_SECONDS = 60
 
 def main() -> None:
     args = _parse()
+    if args.summarize:  # totals of sharded runs
+        results = [r for f in args.summarize for r in json.load(open(f))]
+        backends = list(dict.fromkeys(r["backend"] for r in results))
+        _summary(results, len(results) // max(len(backends), 1), backends, 0.0)
+        return
     from torch.testing._internal.common_methods_invocations import op_db
     backends = args.backends.split(",") if args.backends else [b for b in BACKENDS
                                                                 if b != "triton"]
     wanted = set(args.ops.split(",")) if args.ops else None
     ops = [op for op in op_db if wanted is None or op.name in wanted
            or f"{op.name}.{op.variant_test_name}" in wanted]
+    k, n = (int(v) for v in args.shard.split("/"))
+    ops = ops[k::n]
     t0, results = time.time(), []
     for op in ops:
         if time.time() - t0 > args.time_limit:
@@ -143,6 +151,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--ops", default="", help="comma list of OpInfo names")
     p.add_argument("--time-limit", type=float, default=3600.0, help="stop starting ops after")
     p.add_argument("--json", default="", help="write per-op results here")
+    p.add_argument("--shard", default="0/1", help="K/N: sweep every N-th op starting at K")
+    p.add_argument("--summarize", nargs="*", default=[], help="print totals of --json files")
     return p.parse_args()
 
 

@@ -28,8 +28,11 @@ if settings is not None:
     settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True,
                               database=None, suppress_health_check=_slow_ok, print_blob=True,
                               phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    # TRAINC_FUZZ_EXAMPLES overrides the count, e.g. to split a nightly run over many processes.
-    settings.register_profile("nightly", deadline=None,
+    # TRAINC_FUZZ_EXAMPLES overrides the count, e.g. to split a nightly run over many processes;
+    # TRAINC_FUZZ_SHRINK=0 reports failures unshrunk (time-limited runs: the program still prints).
+    _phases = list(Phase) if os.environ.get("TRAINC_FUZZ_SHRINK", "1") != "0" else \
+        [p for p in Phase if p not in (Phase.shrink, Phase.explain)]
+    settings.register_profile("nightly", deadline=None, phases=_phases,
                               max_examples=int(os.environ.get("TRAINC_FUZZ_EXAMPLES", "2000")),
                               suppress_health_check=_slow_ok, print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -69,16 +69,31 @@ def _known_bug(e: BaseException) -> str | None:
 
 def run_check(thing, backend: str, budget) -> None:
     """thing.check(...); clear trainc refusals are not bugs: count them and move on."""
+    outcome = "fail"
     try:
         thing.check(backend=backend, memory_budget=budget)
+        outcome = "pass"
     except trainc.UnsupportedError as e:
+        outcome = "unsupported"
         event(f"unsupported: {str(e)[:80]}")
     except (NotImplementedError, ValueError) as e:  # e.g. BudgetError: infeasible budget
         if not str(e).startswith("trainc:"):
             raise
+        outcome = "refused"
         event(f"refused: {str(e)[:80]}")
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a known bug
         name = _known_bug(e)
         if name is None:
             raise
+        outcome = f"known bug {name}"
         event(f"known bug: {name}")
+    finally:
+        _tally(outcome)
+
+
+def _tally(outcome: str) -> None:
+    """One line per checked example to $TRAINC_FUZZ_TALLY (benchmarks/nightly_fuzz.py counts)."""
+    path = os.environ.get("TRAINC_FUZZ_TALLY")
+    if path:
+        with open(path, "a") as f:
+            f.write(outcome + "\n")
