@@ -28,6 +28,7 @@ BUDGETS = ("None", "0.5", "0.0")
 
 def main() -> None:
     args = _parse()
+    args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     jobs = [(t, b, g) for t, b, g in itertools.product(args.tests.split(","),
                                                        args.backends.split(","), BUDGETS)]
@@ -59,11 +60,13 @@ def _run(i: int, job: tuple, args) -> tuple[int, Counter, str]:
         os.remove(tally)
     cmd = ["timeout", str(int(args.minutes * 60)), sys.executable, "-m", "pytest", "-q", "-x",
            "-p", "no:cacheprovider", "-W", "ignore", "--hypothesis-profile=nightly",
-           f"--hypothesis-seed={seed}", f"tests/fuzz/{TESTS[test]}[{backend}-{budget}]"]
+           f"--hypothesis-seed={seed}",
+           os.path.join(ROOT, "tests", "fuzz", f"{TESTS[test]}[{backend}-{budget}]")]
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        # Not from the repo root: its trainc/ would shadow the installed package mapping.
+        rc = subprocess.call(cmd, cwd=args.out, env=env, stdout=f, stderr=subprocess.STDOUT)
     lines = open(tally).read().split() if os.path.exists(tally) else []
     return rc, Counter(lines), log
 
