@@ -225,7 +225,7 @@ class GraphLowering:
         if fn is not None:
             out = fn(self, node, *args, **kwargs)
             if out is not NotImplemented:
-                return out
+                return _map(_rounded, out)
         return self.call("fallback", target, args, kwargs, node.meta.get("val"))
 
     def _env(self, a):
@@ -249,6 +249,23 @@ class GraphLowering:
 
 
 _getitem = __import__("operator").getitem
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _rounded(v: TensorValue) -> TensorValue:
+    """A low-precision node result rounded to its dtype, as eager rounds every op's output.
+    Lowerings compute bf16/fp16 in float32; without this a value inlined into one consumer
+    differs from the same value stored and reloaded by another (amax backward's x == max)."""
+    if v.dtype not in _LOW or v.view is not None:
+        return v
+    fn, dt = v.fn, v.dtype
+
+    def rounded(i):
+        e = fn(i)
+        exact = isinstance(e, ir.Load) and e.dtype == dt or \
+            isinstance(e, ir.Op) and e.name == "cast" and e.dtype == dt
+        return e if exact else ir.op("cast", dt, e)
+    return TensorValue(v.shape, dt, rounded)
 
 
 def _flat(x) -> list:

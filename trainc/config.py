@@ -28,8 +28,9 @@ class Config:
     # backend="cpp": compiler (TRAINC_CXX), its flags (TRAINC_CPP_FLAGS) and the on-disk cache
     # of built kernels (TRAINC_CACHE_DIR; default ~/.cache/trainc).
     cpp_compiler: str = "g++"
+    # -ffp-contract=off: no fused multiply-adds eager does not do (x*x - x*x must stay 0).
     cpp_flags: str = ("-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math "
-                      "-std=c++17 -w")
+                      "-ffp-contract=off -std=c++17 -w")
     cache_dir: Optional[str] = None
     # backend="triton": time a few launch configs per kernel on first run and cache the winner
     # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).

@@ -160,6 +160,16 @@ class KernelPrinter:
         self._tmp += 1
         return f"t{self._tmp}"
 
+    def keep(self, body: Body, buf: str, v: str) -> None:
+        """Later steps of this kernel read `buf` as v, rounded as the stored buffer is: a
+        bf16 value must compare equal to itself reloaded (amax backward's x == max)."""
+        dt = self.g.buffers[buf].dtype
+        if dt in (torch.bfloat16, torch.float16):
+            r = self.tmp()
+            body.emit(f"const float {r} = {cast_code(v, dt, dt)};")
+            v = r
+        self.values[buf] = v
+
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
@@ -240,7 +250,7 @@ class KernelPrinter:
                 if n.name not in self.k.local:
                     b = self.g.buffers[n.name]
                     self.store(inner, n, inner.index(ir.linear(osyms + isyms, b.stride)), v)
-                self.values[n.name] = v
+                self.keep(inner, n.name, v)
             else:
                 self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), isyms, lp.inner)
         self.values = saved
@@ -292,7 +302,7 @@ class KernelPrinter:
             body.emit(f"const int64_t {final} = {acc[1]};")
         else:
             body.emit(f"const {t} {final} = {acc[0]};")
-        self.values[n.name] = final
+        self.keep(body, n.name, final)
         if n.name not in self.k.local:
             b = self.g.buffers[n.name]
             self.store(body, n, index_code(ir.linear(osyms, b.stride)), final)

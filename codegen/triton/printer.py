@@ -13,8 +13,8 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
-from trainc.codegen.triton.exprs import (TL, Body, compute, index_code, literal, tl_compute,
-                                          to_dtype)
+from trainc.codegen.triton.exprs import (TL, Body, cast_code, compute, index_code, literal,
+                                          tl_compute, to_dtype)
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -74,6 +74,17 @@ class KernelPrinter:
             return "xmask"
         return self.rmask if axes == {"r"} else f"xmask & {self.rmask}"
 
+    def keep(self, body: Body, buf: str, v: str) -> None:
+        """Later steps of this kernel read `buf` as v, rounded as the stored buffer is: a
+        bf16 value must compare equal to itself reloaded (amax backward's x == max)."""
+        dt = self.g.buffers[buf].dtype
+        if dt in (torch.bfloat16, torch.float16):
+            r = self.tmp()
+            body.emit(f"{r} = {cast_code(v, dt, dt)}")
+            self.axes[r] = self.axes.get(v, frozenset())
+            v = r
+        self.values[buf] = v
+
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
@@ -129,7 +140,7 @@ class KernelPrinter:
             if n.name not in self.k.local:
                 b = self.g.buffers[n.name]
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
-            self.values[n.name] = v
+            self.keep(body, n.name, v)
         total = _numel(shape)
         lines = self._header(self.k.name, body, total)
         return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "1d", total, 0, 0)
@@ -185,7 +196,7 @@ class KernelPrinter:
                     b = self.g.buffers[n.name]
                     idx = inner.index(ir.linear(osyms + isyms, b.stride))
                     self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
-                self.values[n.name] = v
+                self.keep(inner, n.name, v)
             else:
                 self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
         self.values = saved
@@ -268,7 +279,7 @@ class KernelPrinter:
         if _expr_dtype(n) == torch.bool:
             body.emit(f"{f} = {f} != 0")
         self.axes[f] = frozenset({"x"})
-        self.values[n.name] = f
+        self.keep(body, n.name, f)
         if n.name not in self.k.local:
             b = self.g.buffers[n.name]
             self.store(body, n.name, index_code(ir.linear(osyms, b.stride)), f, "xz", "xmask")
@@ -376,7 +387,7 @@ def _log1p(x):
 @triton.jit
 def _tanh(x):
     e = _expm1(-2 * tl.abs(x))
-    t = -e / (2 + e)
+    t = tl.where(tl.abs(x) > 20, 1.0, -e / (2 + e))  # saturated (also +-inf; NaN stays NaN)
     return tl.where(x < 0, -t, t)
 
 
@@ -403,7 +414,8 @@ def _nearbyint(x):
 
 @triton.jit
 def _sign(a):
-    return tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype) + a * 0
+    s = tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
+    return tl.where(a != a, a, s)  # NaN stays NaN; +-inf give +-1
 
 
 @triton.jit

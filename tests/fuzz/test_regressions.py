@@ -130,6 +130,36 @@ def test_triton_index_value_over_size_one_range():
     torch.testing.assert_close(f(x), x + torch.arange(1).unsqueeze(1))
 
 
+@pytest.mark.parametrize("backend", [b for b in ("cpp", "triton") if b in BACKENDS])
+def test_bf16_amax_backward_sees_the_rounded_values(backend):
+    """Was a fuzz failure (grad err 1.0): var computed in float32 inside a kernel, amax stored
+    rounded to bf16, so amax backward's `var == amax` matched nothing. Lowered bf16 values are
+    now rounded at every node, as eager rounds every op."""
+    def program(x0):
+        return ((x0 * 1.37).var(1).amax(1, keepdim=True),)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 5, 5, generator=g).bfloat16().requires_grad_()
+    assert_grads_match(program, [x], backend=backend)
+
+
+@pytest.mark.parametrize("backend", [b for b in ("cpp", "triton") if b in BACKENDS])
+def test_var_of_one_element_is_nan(backend):
+    """Was a fuzz failure: g++ contracted x*x - mean into an FMA, so the variance of one
+    element (0/0 = NaN in eager) came out inf; cpp flags now include -ffp-contract=off."""
+    torch._dynamo.reset()
+    x = torch.randn(4, 1)
+    assert torch.isnan(trainc.compile(lambda t: (t * t).var(1), backend=backend)(x)).all()
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not registered")
+def test_triton_tanh_and_sign_of_infinity():
+    """Were fuzz failures: tanh(+-inf) and the abs backward's sign(+-inf) gave NaN."""
+    def program(x0):
+        return (torch.tanh(x0), torch.sqrt(x0.abs() + 1))
+    x = torch.tensor([float("-inf"), float("inf"), 0.5, -30.0], dtype=torch.float64)
+    assert_grads_match(program, [x.requires_grad_()], backend="triton")
+
+
 @needs_cpp
 def test_cpp_softmax_of_0d_tensor():
     """Was a fuzz failure; fixed."""

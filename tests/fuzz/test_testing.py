@@ -16,6 +16,28 @@ def test_compare_accepts_eager_level_error_and_rejects_more():
     assert m is not None and m.err_compiled > m.err_eager and "x" in str(m)
 
 
+def test_compare_small_bf16_allows_one_ulp_not_more():
+    """One element: eager may round exactly right (error 0); one ulp off is a valid order of
+    evaluation, eight (4% here) are not."""
+    ref = torch.tensor([1.5 + 2 ** -9], dtype=torch.float64)
+    eager = ref.bfloat16()
+    ulp = 2 ** -7
+    assert compare("x", (ref + ulp).bfloat16(), eager, ref) is None
+    assert compare("x", (ref + 8 * ulp).bfloat16(), eager, ref) is not None
+
+
+def test_replay_refuses_masks_it_cannot_see():
+    """Dropout of 0 or NaN hides the mask (the output is 0/NaN either way) while the gradient
+    depends on it: the replaying oracle must refuse, not guess."""
+    from trainc.testing import ReplayFunctional, UnreplayableDropout
+    x = torch.tensor([0.0, 2.0, float("nan")])
+    y = torch.tensor([0.0, 4.0, float("nan")])  # compiled dropout output, p = 0.5
+    with pytest.raises(UnreplayableDropout):
+        ReplayFunctional([y]).dropout(x, 0.5)
+    ok = ReplayFunctional([y[1:2]]).dropout(x[1:2], 0.5)
+    assert torch.equal(ok, y[1:2])
+
+
 def test_compare_exact_properties():
     ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
     eager = ref.float()

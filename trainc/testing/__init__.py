@@ -14,8 +14,9 @@
 from trainc.testing.check import assert_grads_match
 from trainc.testing.modules import ModuleStack, module_stacks
 from trainc.testing.policy import TOLERANCES, Mismatch, bitwise_equal, compare, rel_err
-from trainc.testing.programs import InputSpec, Program, ReplayFunctional, programs
+from trainc.testing.programs import (InputSpec, Program, ReplayFunctional, UnreplayableDropout,
+                                     programs)
 
 __all__ = ["assert_grads_match", "programs", "module_stacks", "Program", "ModuleStack",
-           "InputSpec", "ReplayFunctional", "Mismatch", "TOLERANCES", "compare", "rel_err",
+           "InputSpec", "ReplayFunctional", "UnreplayableDropout", "Mismatch", "TOLERANCES", "compare", "rel_err",
            "bitwise_equal"]

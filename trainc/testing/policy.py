@@ -84,9 +84,14 @@ def compare(what: str, compiled, eager, ref,
 
 
 def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Mismatch]:
+    # Where eager alone says NaN and compiled has the float64 reference's value class (e.g.
+    # float32 CPU gelu(+inf): eager NaN, float64 and trainc +inf), compiled is the correct one.
+    better = torch.isnan(eager) & ~torch.isnan(compiled) & ~torch.isnan(ref) & \
+        (_posinf(compiled) == _posinf(ref)) & (_neginf(compiled) == _neginf(ref))
     for name, test in (("NaN", torch.isnan), ("+Inf", _posinf), ("-Inf", _neginf)):
-        if not torch.equal(test(compiled), test(eager)):
-            n = int((test(compiled) != test(eager)).sum())
+        differ = (test(compiled) != test(eager)) & ~better
+        if bool(differ.any()):
+            n = int(differ.sum())
             return Mismatch(what, f"{name} positions differ from eager at {n} element(s)")
     mask = torch.isfinite(compiled) & torch.isfinite(eager) & torch.isfinite(ref)
     if not bool(mask.any()):
@@ -95,6 +100,11 @@ def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Misma
     k = 2 * k if int(mask.sum()) < SMALL_NUMEL else k
     e_c, e_e = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
     e_e = max(e_e, eager_err or 0.0)
+    if eager.dtype in (torch.bfloat16, torch.float16) and int(mask.sum()) < SMALL_NUMEL:
+        # A few elements: eager's error is one rounding sample, 0 when it happens to round the
+        # right way; an equally valid evaluation order lands one ulp off, which the bf16 floor
+        # (1e-3 < half an ulp, 3.9e-3) would call a bug. Expect at least one unit roundoff.
+        e_e = max(e_e, torch.finfo(eager.dtype).eps / 2)
     if e_c <= k * e_e + floor or e_e > ILL_CONDITIONED:
         return None
     return Mismatch(what, f"exceeds {k:g} * eager + {floor:g}", e_c, e_e)

@@ -118,13 +118,18 @@ class Program:
                                   source=self.source, **compile_options)
 
 
+class UnreplayableDropout(Exception):
+    """A dropout mask cannot be read back from the compiled output: the input was 0, NaN or
+    +-Inf where the output is 0 or NaN, so kept and dropped look alike there while the
+    gradient differs. The program cannot be checked against eager; draw another."""
+
+
 class ReplayFunctional:
     """torch.nn.functional, except dropout(x, p) returns x * mask / (1 - p) with recorded masks.
 
-    The mask of a recorded output y is (y != 0) (see replay_mask): exact wherever x != 0; where
-    x == 0 the choice does not change the output (it could change a gradient only if something
-    downstream of x kept a nonzero derivative there; relu and dropout, the usual sources of
-    zeros, do not).
+    The mask of a recorded output y is (y != 0) (see replay_mask): exact wherever x is finite
+    and nonzero. Elsewhere it is unknowable from y, and the gradient depends on it (it is
+    t * mask / (1 - p) whatever x is): such programs raise UnreplayableDropout.
     """
 
     def __init__(self, recorded: list):
@@ -139,6 +144,10 @@ class ReplayFunctional:
         self.i += 1
         if not training:
             return x
+        blind = ((x == 0) | ~torch.isfinite(x)) & ((y == 0) | torch.isnan(y))
+        if bool(blind.any()) and 0 < p < 1:
+            raise UnreplayableDropout(f"dropout #{self.i}: {int(blind.sum())} element(s) of the "
+                                      "input are 0/NaN/Inf where the output hides the mask")
         return x * replay_mask(y, x.dtype) / (1 - p)
 
 
