@@ -1,7 +1,8 @@
 """The nightly fuzz split over processes: every fuzz property x backend x budget, seeded.
 
     python benchmarks/nightly_fuzz.py [--jobs 16] [--seed 20261130] [--examples 300]
-                                      [--backends aten,cpp,triton] [--minutes 9] [--out DIR] [--shrink]
+                                      [--backends aten,cpp,triton] [--repeat triton=4]
+                                      [--minutes 9] [--out DIR] [--shrink]
 
 Each job is one pytest run of tests/fuzz under the nightly profile with its own seed;
 TRAINC_FUZZ_EXAMPLES sets the profile's count (the properties scale it per backend). Prints
@@ -30,8 +31,10 @@ def main() -> None:
     args = _parse()
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
+    repeat = {k: int(v) for k, v in (kv.split("=") for kv in args.repeat.split(",") if kv)}
     jobs = [(t, b, g) for t, b, g in itertools.product(args.tests.split(","),
-                                                       args.backends.split(","), BUDGETS)]
+                                                       args.backends.split(","), BUDGETS)
+            for _ in range(repeat.get(b, 1))]
     t0 = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
         done = list(pool.map(lambda ij: _run(ij[0], ij[1], args), enumerate(jobs)))
@@ -51,7 +54,7 @@ def main() -> None:
 def _run(i: int, job: tuple, args) -> tuple[int, Counter, str]:
     test, backend, budget = job
     seed = args.seed + i
-    name = f"{test}-{backend}-{budget}"
+    name = f"{test}-{backend}-{budget}-{seed}"
     log, tally = (os.path.join(args.out, f"{name}.{ext}") for ext in ("log", "tally"))
     env = dict(os.environ, TRAINC_FUZZ_EXAMPLES=str(args.examples), TRAINC_FUZZ_TALLY=tally,
                TRAINC_FUZZ_SHRINK="1" if args.shrink else "0",
@@ -77,6 +80,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--examples", type=int, default=300, help="nightly profile max_examples")
     p.add_argument("--backends", default="aten,cpp,triton")
+    p.add_argument("--repeat", default="", help="jobs per combination by backend: cpp=2,triton=4")
     p.add_argument("--tests", default="programs,programs_nodrop")
     p.add_argument("--minutes", type=float, default=9.0, help="per-job limit")
     p.add_argument("--out", default="fuzz_out")
