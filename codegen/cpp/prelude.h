@@ -17,7 +17,8 @@ static inline float round_f16(float f) { return (float)(_Float16)f; }
 
 template <typename T> static inline T tc_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T tc_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
-template <typename T> static inline T tc_sign(T a) { return a > 0 ? T(1) : (a < 0 ? T(-1) : a); }
+// sign(NaN) = 0 and sign(-0.0) = 0, as torch.sign on CPU.
+template <typename T> static inline T tc_sign(T a) { return a > 0 ? T(1) : (a < 0 ? T(-1) : T(0)); }
 template <typename T> static inline T tc_floordiv(T a, T b) {
   T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q;
 }

@@ -112,12 +112,12 @@ class KernelPrinter:
         return self._tiled()
 
     def _header(self, name: str, body: Body, n: int, extra: str = "") -> list[str]:
-        params = ", ".join(self.params)
+        params = "".join(f"{p}, " for p in self.params)  # may be empty
         pid = "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
         shape2 = self.mode == "2d" and name == self.k.name
         ar = "tl.arange(0, XBLOCK)[:, None]" if shape2 else "tl.arange(0, XBLOCK)"
         zs = "[XBLOCK, 1]" if shape2 else "[XBLOCK]"
-        return ([f"@triton.jit", f"def {name}({params}, XBLOCK: tl.constexpr{extra}):",
+        return ([f"@triton.jit", f"def {name}({params}XBLOCK: tl.constexpr{extra}):",
                  f"    xindex = {pid} * XBLOCK + {ar}", f"    xmask = xindex < {n}",
                  f"    xz = tl.zeros({zs}, tl.int32)"] + self.const_lines + body.lines)
 
@@ -414,8 +414,8 @@ def _nearbyint(x):
 
 @triton.jit
 def _sign(a):
-    s = tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
-    return tl.where(a != a, a, s)  # NaN stays NaN; +-inf give +-1
+    # +-inf give +-1; NaN and -0.0 give 0, as torch.sign
+    return tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
 
 
 @triton.jit

@@ -160,6 +160,17 @@ def test_triton_tanh_and_sign_of_infinity():
     assert_grads_match(program, [x.requires_grad_()], backend="triton")
 
 
+@pytest.mark.parametrize("backend", [b for b in ("cpp", "triton") if b in BACKENDS])
+def test_sign_of_nan_is_zero(backend):
+    """Was a fuzz failure: abs backward at NaN (torch.sign(nan) = 0) gave NaN."""
+    def program(x0, x1):
+        return (x0.abs() + x1,)
+    x = torch.tensor([float("nan"), -0.0, 2.0], dtype=torch.float64)
+    assert_grads_match(program, [x.requires_grad_(), torch.ones(3, requires_grad=True,
+                                                                dtype=torch.float64)],
+                       backend=backend)
+
+
 @needs_cpp
 def test_cpp_softmax_of_0d_tensor():
     """Was a fuzz failure; fixed."""
