@@ -49,10 +49,12 @@ def keep(v: TensorValue, full_shape, dims) -> TensorValue:
     return reshape(v, [1 if d in dims else s for d, s in enumerate(full_shape)])
 
 
-def _scale(v: TensorValue, factor: float, dtype: torch.dtype) -> TensorValue:
+def _divide(v: TensorValue, n: float, dtype: torch.dtype) -> TensorValue:
+    """v / n, divided as eager divides (not times 1/n: the mean of equal values stays exact,
+    which ties in a later max/min backward depend on). n <= 0 divides by 0 (NaN/inf)."""
     dt = opmath(dtype)
-    c = const(factor, dt)
-    return TensorValue(v.shape, dtype, lambda i: ir.op("mul", dt, cast(v(i), dt), c))
+    c = const(max(float(n), 0.0), dt)
+    return TensorValue(v.shape, dtype, lambda i: ir.op("truediv", dt, cast(v(i), dt), c))
 
 
 @register(aten.sum.dim_IntList, aten.sum.default)
@@ -73,7 +75,7 @@ def mean(ctx, node, x, dims=None, keepdim=False, dtype=None):
     d = _dims(x, dims)
     s = reduce(ctx, _as(x, opmath(out.dtype)), d, "sum", opmath(out.dtype), keepdim)
     n = numel([x.shape[k] for k in d])
-    return _scale(s, 1.0 / n if n else float("nan"), out.dtype)
+    return _divide(s, n, out.dtype)
 
 
 @register(aten.prod.dim_int, aten.prod.default)
@@ -126,13 +128,12 @@ def _mean_var(ctx, x: TensorValue, dims, correction: float):
     dt = opmath(x.dtype)
     n = numel([x.shape[d] for d in dims])
     xs = _as(x, dt)
-    mean = _scale(reduce(ctx, xs, dims, "sum", dt, True), 1.0 / n if n else float("nan"), dt)
+    mean = _divide(reduce(ctx, xs, dims, "sum", dt, True), n, dt)
     full_mean = expand(mean, x.shape)
     centered = TensorValue(x.shape, dt, lambda i: ir.op("sub", dt, cast(x(i), dt), full_mean(i)))
     sq2 = TensorValue(x.shape, dt, lambda i: ir.op("mul", dt, centered(i), centered(i)))
     denom = n - correction
-    var = _scale(reduce(ctx, sq2, dims, "sum", dt, True),
-                 1.0 / denom if denom > 0 else float("inf"), dt)
+    var = _divide(reduce(ctx, sq2, dims, "sum", dt, True), denom, dt)
     return mean, var
 
 

@@ -71,6 +71,8 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
         return f"({a[0]} {_INFIX[n]} {a[1]})"
     if n in _TL:
         return f"{_TL[n]}({a[0]})"
+    if n == "tanh" and not _interpreting():
+        return f"libdevice.tanh({a[0]})"
     if n in _PRELUDE_FN:
         return f"{_PRELUDE_FN[n]}({a[0]})"
     if n == "pow" and isinstance(e.args[1], ir.Const) and fp and float(e.args[1].value) in _POW:
@@ -122,12 +124,15 @@ def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to({TL[dst]})"
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def to_dtype(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """x (computed in compute(src)) converted to dst. Native Triton rounds float32 -> bfloat16
     to nearest even; its interpreter truncates, so under it the rounding is spelled out
     (_rne_bf16) and CPU tests see the values the GPU computes."""
-    if dst == torch.bfloat16 and compute(src) == torch.float32 \
-            and os.environ.get("TRITON_INTERPRET") == "1":
+    if dst == torch.bfloat16 and compute(src) == torch.float32 and _interpreting():
         return f"_rne_bf16({x})"
     return f"{x}.to({TL[dst]})"
 

@@ -381,14 +381,18 @@ def _expm1(x):
 @triton.jit
 def _log1p(x):
     u = 1 + x
-    return tl.where(u == 1, x, tl.log(u) * x / tl.where(u == 1, 1, u - 1))
+    d = u - 1  # where 1 + x is exact (large x, +inf) the Kahan correction is 1: plain log
+    return tl.where(u == 1, x, tl.where(d == x, tl.log(u), tl.log(u) * x / tl.where(u == 1, 1, d)))
 
 
 @triton.jit
 def _tanh(x):
-    e = _expm1(-2 * tl.abs(x))
-    t = tl.where(tl.abs(x) > 20, 1.0, -e / (2 + e))  # saturated (also +-inf; NaN stays NaN)
-    return tl.where(x < 0, -t, t)
+    # The interpreter has no libdevice.tanh: evaluated in float64, so float32 results are
+    # (nearly always) correctly rounded; saturated beyond 20 (also +-inf; NaN stays NaN).
+    xd = x.to(tl.float64)
+    e = _expm1(-2 * tl.abs(xd))
+    t = tl.where(tl.abs(xd) > 20, 1.0, -e / (2 + e))
+    return tl.where(xd < 0, -t, t).to(x.dtype)
 
 
 @triton.jit
