@@ -26,8 +26,8 @@ Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[st
 
 PARTITIONERS: dict[str, Chooser] = {"save_all": choose_save_all, "mincut": choose_mincut}
 
-__all__ = ["partition", "build_partition", "Partition", "Decision", "SavePolicy", "BudgetError", "PARTITIONERS",
-           "observing", "split_joint"]
+__all__ = ["partition", "build_partition", "Partition", "Decision", "SavePolicy", "BudgetError",
+           "PARTITIONERS", "observing", "split_joint"]
 
 
 @dataclass(frozen=True)
