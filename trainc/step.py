@@ -21,7 +21,8 @@ from trainc.codegen import CompiledGraph, get_backend
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph
-from trainc.optim import Rule, hyper_values, rule_for
+from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
+                          run_pre_hooks)
 from trainc.partition.whole_step import recompute_in_step
 from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, mark_mutable_inputs, run_passes
 
@@ -60,8 +61,12 @@ class CompiledStep:
     """`step(*batch) -> loss`: one optimizer step; `step(*batch, accumulate=True)` only adds grads."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
-                 clip_grad_norm: Optional[float], config: Config):
+                 clip_grad_norm: Optional[float], config: Config, optimizer_hooks: str = "error"):
+        if optimizer_hooks not in HOOK_MODES:
+            raise ValueError(f"trainc.compile_step: optimizer_hooks must be one of {HOOK_MODES}, "
+                             f"got {optimizer_hooks!r}")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.hooks = optimizer_hooks
         self.rule: Rule = rule_for(optimizer)
         self.clip, self.config = clip_grad_norm, config
         self.wrapper = _LossModule(model, loss_fn)
@@ -80,6 +85,14 @@ class CompiledStep:
         self.buffers = list(self.model.named_buffers())
 
     def __call__(self, *batch: Any, accumulate: bool = False) -> torch.Tensor:
+        # Eager accumulation runs no optimizer.step(), so no hooks; pre-hooks run before the
+        # key is built, as they may change hyperparameters (or flags) of this step.
+        post = [] if accumulate else run_pre_hooks(self.optimizer, self.hooks)
+        loss = self._step(batch, accumulate)
+        run_post_hooks(self.optimizer, post)
+        return loss
+
+    def _step(self, batch, accumulate: bool) -> torch.Tensor:
         key = self._key(batch, accumulate)
         comp = self.cache.get(key)
         if comp is None:
@@ -294,7 +307,8 @@ def _device(flat: list) -> torch.device:
 
 def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, *,
                  clip_grad_norm: Optional[float] = None, backend: str = "auto",
-                 memory_budget: Any = None, **options: Any) -> CompiledStep:
+                 memory_budget: Any = None, optimizer_hooks: str = "error",
+                 **options: Any) -> CompiledStep:
     """The whole training step as one graph: `step = compile_step(...); loss = step(*batch)`.
 
     Equivalent eager step: `loss = loss_fn(model, *batch); loss.backward();
@@ -304,8 +318,12 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     `memory_budget` (as in trainc.compile: a cap on the simulated peak; 0.0 = least memory)
     makes the backward recompute forward values the min-cut partitioner chooses, inside the one
     graph; None keeps every forward value the backward reads (no recomputation).
+    Optimizer step hooks (`register_step_pre_hook` / `_post_hook`, and the global ones) cannot
+    run where eager runs them (between backward and update, with .grad set): by default a
+    registered hook is an error at the next step; `optimizer_hooks="run"` calls pre-hooks
+    before and post-hooks after the whole compiled step, with .grad None.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
     config = make_config(backend, memory_budget, **options)
-    return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config)
+    return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)
