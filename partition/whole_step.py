@@ -25,6 +25,7 @@ from trainc.partition.split import tangent_dependent
 # fused into a forward kernel would be computed early and kept alive, undoing the budget.
 REGION = "trainc_region"
 FORWARD, BACKWARD = 0, 1
+PLANS = "trainc_step_plans"  # gm.meta: candidate plans of a step graph, per save policy
 
 
 def recompute_in_step(gm: fx.GraphModule, config: Config) -> tuple[fx.GraphModule, Partition]:
@@ -51,13 +52,18 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set)
     and the step's, where backward-only values are free): each sweep alone finds few plans,
     and the lowest peaks come from either. Every plan is scored under the step's costs."""
     policy = config.policy or DEFAULT_POLICY
-    step_costs = _step_costs(joint.gm, policy, fwd_outs, backward)
-    save_all = B.evaluate(joint, step_costs, save_all_nodes(joint), "save_all")
-    plans = {p.saved: p for p in B.candidates(joint, step_costs, [save_all])}
-    for p in B.candidates(joint, CostModel(joint.gm, policy)):
-        if p.saved not in plans:
-            plans[p.saved] = B.evaluate(joint, step_costs, p.saved, p.label + " (policy costs)")
-    best, note = B.choose(list(plans.values()), save_all, config.memory_budget,
+    cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph and policy, any budget
+    if policy not in cache:
+        step_costs = _step_costs(joint.gm, policy, fwd_outs, backward)
+        save_all = B.evaluate(joint, step_costs, save_all_nodes(joint), "save_all")
+        plans = {p.saved: p for p in B.candidates(joint, step_costs, [save_all])}
+        for p in B.candidates(joint, CostModel(joint.gm, policy)):
+            if p.saved not in plans:
+                plans[p.saved] = B.evaluate(joint, step_costs, p.saved,
+                                            p.label + " (policy costs)")
+        cache[policy] = step_costs, save_all, list(plans.values())
+    step_costs, save_all, plans = cache[policy]
+    best, note = B.choose(plans, save_all, config.memory_budget,
                           f"a training step of {len(joint.gm.graph.nodes)} nodes")
     return build_partition(joint, step_costs, list(best.saved), "budget", note)
 
@@ -103,7 +109,7 @@ def _stitch(gm: fx.GraphModule, part: Partition, fwd_idx: list[int],
     graph.output(final)
     graph.lint()
     new = fx.GraphModule(gm, graph)
-    new.meta.update({k: v for k, v in gm.meta.items() if k != "trainc_budget_plans"})
+    new.meta.update({k: v for k, v in gm.meta.items() if k not in (PLANS, "trainc_budget_plans")})
     return new
 
 

@@ -121,3 +121,29 @@ def test_infeasible_byte_budget_names_the_smallest():
     step = _compiled(m, lambda mod, x: mod(x).sum(), 1)
     with pytest.raises(BudgetError, match="needs memory_budget >= [0-9]+ bytes"):
         step(torch.randn(16, 8))
+
+
+def test_accumulation_with_budget_matches_eager():
+    torch.manual_seed(0)
+    me = nn.Sequential(nn.Linear(6, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3))
+    mc = copy.deepcopy(me)
+    oe = torch.optim.AdamW(me.parameters(), lr=0.01)
+    step = trainc.compile_step(mc, _ce, torch.optim.AdamW(mc.parameters(), lr=0.01),
+                               backend="aten", memory_budget=0.0)
+    g = torch.Generator().manual_seed(0)
+    for i in range(6):
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        _ce(me, x, y).backward()
+        if i % 2:
+            oe.step()
+            oe.zero_grad(set_to_none=True)
+            step(x, y)
+        else:
+            step(x, y, accumulate=True)
+            torch.testing.assert_close(mc[0].weight.grad, me[0].weight.grad)
+    for a, b in zip(mc.parameters(), me.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def _ce(model, x, y):
+    return torch.nn.functional.cross_entropy(model(x), y)
