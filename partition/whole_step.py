@@ -15,9 +15,9 @@ from trainc.graph import GraphSignature, JointGraph
 from trainc.partition import Partition, build_partition
 from trainc.partition import budget as B
 from trainc.partition import policy as P
-from trainc.partition.save_all import save_all_nodes
 from trainc.partition.cost import CostModel
 from trainc.partition.policy import DEFAULT_POLICY
+from trainc.partition.save_all import save_all_nodes
 from trainc.partition.split import tangent_dependent
 
 # node.meta[REGION] on a rewritten step graph: FORWARD or BACKWARD (backward, optimizer update

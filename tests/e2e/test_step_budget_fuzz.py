@@ -1,5 +1,6 @@
-"""Random module stacks (trainc.testing) trained by compile_step at memory budgets 0.0 and 0.5:
-losses, parameters and buffers after two SGD-momentum steps match eager under the fp64 policy."""
+"""Random module stacks (trainc.testing) trained by compile_step at memory budgets 0.0 and 0.5
+(aten and cpp backends): losses, parameters and buffers after two SGD-momentum steps match eager
+under the fp64 policy."""
 import copy
 
 import pytest
@@ -15,10 +16,10 @@ def _loss(model, x):
     return model(x)[0].float().pow(2).mean()
 
 
-def _train(model, x, compiled, budget=None):
+def _train(model, x, compiled, budget=None, backend="aten"):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if compiled:
-        step = trainc.compile_step(model, _loss, opt, backend="aten", memory_budget=budget)
+        step = trainc.compile_step(model, _loss, opt, backend=backend, memory_budget=budget)
     else:
         def step(x):
             loss = _loss(model, x)
@@ -30,9 +31,11 @@ def _train(model, x, compiled, budget=None):
     return losses, model.state_dict()
 
 
-@pytest.mark.parametrize("budget", [0.0, 0.5])
-def test_module_stacks_step_at_budgets(budget):
-    @settings(max_examples=6)
+# The cpp backend compiles C++ per example: fewer examples keep the default run short.
+@pytest.mark.parametrize("backend,budget,examples", [("aten", 0.0, 6), ("aten", 0.5, 6),
+                                                      ("cpp", 0.0, 3)])
+def test_module_stacks_step_at_budgets(backend, budget, examples):
+    @settings(max_examples=examples)
     @given(stack=module_stacks())
     def prop(stack):
         assume(not any("Dropout" in ctor for ctor, _ in stack.layers))  # eager draws other bits
@@ -42,7 +45,7 @@ def test_module_stacks_step_at_budgets(budget):
         ref = _train(stack.make_model(torch.float64), stack.make_inputs(torch.float64)[0]
                      .detach(), False)
         eager = _train(copy.deepcopy(model), x, False)
-        comp = _train(copy.deepcopy(model), x, True, budget)
+        comp = _train(copy.deepcopy(model), x, True, budget, backend)
         for i, (c, e, r) in enumerate(zip(comp[0], eager[0], ref[0])):
             assert_policy(f"loss {i}\n{stack.source}", c, e, r)
         for k in ref[1]:
