@@ -26,8 +26,8 @@ Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[st
 
 PARTITIONERS: dict[str, Chooser] = {"save_all": choose_save_all, "mincut": choose_mincut}
 
-__all__ = ["partition", "Partition", "Decision", "SavePolicy", "BudgetError", "PARTITIONERS",
-           "observing", "split_joint"]
+__all__ = ["partition", "build_partition", "Partition", "Decision", "SavePolicy", "BudgetError",
+           "PARTITIONERS", "observing", "split_joint"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,13 @@ def partition(joint: JointGraph, config: Config) -> Partition:
     policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
     costs = CostModel(joint.gm, policy)
     saved, mode, note = PARTITIONERS[config.partitioner](joint, costs, config)
+    return build_partition(joint, costs, saved, mode, note)
+
+
+def build_partition(joint: JointGraph, costs: CostModel, saved: list, mode: str,
+                    note: Optional[str]) -> Partition:
+    """Split the joint graph at `saved` and report every decision (mode: "default", "budget"
+    or "save_all", which names the rules in the report)."""
     plan = evaluate(joint, costs, saved, mode)
     fwd, bwd = split_joint(joint, saved)
     part = Partition(fwd, bwd, tuple(n.name for n in saved), _decisions(plan, costs, mode),

@@ -4,25 +4,28 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
 import trainc
+import trainc.records
 
 
 def add_args(ap: argparse.ArgumentParser, steps: int) -> None:
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--budget", type=float, default=None, help="trainc memory_budget fraction")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="trainc memory_budget fraction (0: least memory); works in both modes")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--mode", choices=("step", "model"), default="step",
                     help="step: trainc.compile_step (whole step); model: trainc.compile(model)")
 
 
 def check_args(ap: argparse.ArgumentParser, args) -> None:
-    if args.budget is not None and args.mode == "step":
-        ap.error("--budget applies to --mode model (compile_step has no autograd boundary yet)")
+    if args.budget is not None and not 0.0 <= args.budget <= 1.0:
+        ap.error("--budget is a fraction in [0, 1] of the activation bytes saving everything takes")
 
 
 def make_step(model, opt, loss_fn: Callable, args, compiled: bool) -> Callable:
@@ -41,28 +44,55 @@ def make_step(model, opt, loss_fn: Callable, args, compiled: bool) -> Callable:
     return step
 
 
-def train(step: Callable, batches: Iterable, device: str, label: str, after_step=None):
-    """Run the loop; returns (losses, seconds per step)."""
+@dataclass
+class Run:
+    losses: list
+    times: list  # seconds per step
+    peak_mib: float  # one extra step after training, measured (see peak_mib)
+    records: tuple  # trainc's GraphRecords of the compiles during training (for the report)
+
+
+def train(step: Callable, batches: Iterable, device: str, label: str, after_step=None) -> Run:
+    """Run the loop, then measure the peak memory of one more step on the last batch."""
     losses, times = [], []
+    with trainc.records.recording() as recs:
+        for batch in batches:
+            t0 = time.perf_counter()
+            loss = step(*batch)
+            if after_step is not None:
+                after_step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+    peak = peak_mib(lambda: step(*batch), device)
+    print(f"  {label}: final loss {losses[-1]:.3f}, peak {peak:.1f} MiB", flush=True)
+    return Run(losses, times, peak, tuple(recs))
+
+
+def peak_mib(run: Callable[[], object], device: str) -> float:
+    """Peak memory of `run` above what was allocated before it: CUDA's allocator statistics, or
+    on CPU the running sum of the allocator events torch.profiler records."""
     if device == "cuda":
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    for batch in batches:
-        t0 = time.perf_counter()
-        loss = step(*batch)
-        if after_step is not None:
-            after_step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
-    print(f"  {label}: final loss {losses[-1]:.3f}"
-          + (f", peak {peak:.0f} MiB" if peak is not None else ""), flush=True)
-    return losses, times
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - start) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    cur = peak = 0
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak / 2**20
 
 
-def compare(eager: tuple, compiled: tuple, items_per_step: int, unit: str) -> None:
-    (el, et), (tl, tt) = eager, compiled
+def compare(eager: Run, compiled: Run, items_per_step: int, unit: str) -> None:
+    el, et, tl, tt = eager.losses, eager.times, compiled.losses, compiled.times
     print(f"\n{'step':>4}  {'eager loss':>10}  {'trainc loss':>11}  {'eager ms':>8}  "
           f"{'trainc ms':>9}")
     for i, (a, b, c, d) in enumerate(zip(el, tl, et, tt)):
@@ -72,5 +102,7 @@ def compare(eager: tuple, compiled: tuple, items_per_step: int, unit: str) -> No
     print(f"\nmedian step after warm-up: eager {me * 1e3:.1f} ms, trainc {mt * 1e3:.1f} ms "
           f"({me / mt:.2f}x); throughput eager {items_per_step / me:.0f}, trainc "
           f"{items_per_step / mt:.0f} {unit}/s; trainc first step {tt[0]:.2f} s (with compile)")
+    print(f"peak memory of one step: eager {eager.peak_mib:.1f} MiB, trainc "
+          f"{compiled.peak_mib:.1f} MiB ({compiled.peak_mib / max(eager.peak_mib, 1e-9):.2f}x)")
     print(f"loss fell from {el[0]:.3f} to {el[-1]:.3f} (eager), {tl[0]:.3f} to {tl[-1]:.3f} "
           "(trainc)\n")

@@ -5,9 +5,9 @@
 
 `--mode step` (default) compiles the whole training step (forward, loss, backward, AdamW) with
 trainc.compile_step; `--mode model` compiles the model with trainc.compile and keeps loss and
-optimizer eager (needed for --budget). Both runs start from the same weights and see the same
-batches; the script prints per-step loss and time, then the comparison and trainc's
-memory/recompute report.
+optimizer eager. `--budget` (both modes) trades recomputation for memory. Both runs start from
+the same weights and see the same batches; the script prints per-step loss and time, then the
+comparison (time, peak memory) and trainc's memory/recompute report.
 """
 from __future__ import annotations
 
@@ -104,9 +104,13 @@ def main() -> None:
     eager = train(eager_model, data, args, "eager", compiled=False)
     compiled = train(trainc_model, data, args, "trainc", compiled=True)
     common.compare(eager, compiled, args.batch * args.seq, "tokens")
-    x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
-    print("trainc memory/recompute report (model forward+backward, as trainc.compile splits it):")
-    print(trainc.explain(trainc_model, x, backend=args.backend, memory_budget=args.budget))
+    if args.mode == "step":
+        print("trainc report of the compiled training step(s):")
+        print(trainc.Explanation(compiled.records))
+    else:
+        x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
+        print("trainc memory/recompute report (model forward+backward):")
+        print(trainc.explain(trainc_model, x, backend=args.backend, memory_budget=args.budget))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from trainc.joint import UnsupportedError
+
 Tensor = torch.Tensor
 
 
@@ -122,3 +124,45 @@ def hyper_values(rule: Rule, group: dict) -> list[float]:
     if "betas" in group:
         values["beta1"], values["beta2"] = group["betas"]
     return [float(values[k]) for k in rule.hyper]
+
+
+HOOK_MODES = ("error", "run")
+
+
+def step_hooks(optimizer: torch.optim.Optimizer) -> tuple[list, list]:
+    """(pre, post) optimizer step hooks in the order eager `optimizer.step()` calls them."""
+    from torch.optim import optimizer as O
+    pre = list(O._global_optimizer_pre_hooks.values()) + \
+        list(getattr(optimizer, "_optimizer_step_pre_hooks", {}).values())
+    post = list(getattr(optimizer, "_optimizer_step_post_hooks", {}).values()) + \
+        list(O._global_optimizer_post_hooks.values())
+    return pre, post
+
+
+def run_pre_hooks(optimizer: torch.optim.Optimizer, mode: str) -> list:
+    """Before the compiled step. "error": refuse registered hooks (eager runs them between
+    backward and update, where the whole-step graph has no seam: they would not see .grad);
+    "run": call them now, with .grad None. Returns the post hooks to call afterwards."""
+    pre, post = step_hooks(optimizer)
+    if not (pre or post):
+        return []
+    if mode == "error":
+        names = ", ".join(getattr(h, "__name__", type(h).__name__) for h in pre + post)
+        raise UnsupportedError(
+            f"trainc.compile_step: optimizer step hooks are registered ({names}). Eager calls "
+            "them after backward, before/after the update, with gradients in .grad; the "
+            "compiled step has no such point. Remove them, or pass optimizer_hooks='run' to "
+            "call them before/after the whole compiled step (with .grad None).")
+    args: tuple = (optimizer,)
+    for hook in pre:
+        result = hook(optimizer, args, {})
+        if result is not None and (not isinstance(result, tuple) or len(result) != 2
+                                   or len(result[0]) != 1 or result[1]):
+            raise UnsupportedError("trainc.compile_step: an optimizer step pre-hook returned "
+                                   "new step() arguments; the compiled step takes none")
+    return post
+
+
+def run_post_hooks(optimizer: torch.optim.Optimizer, post: list) -> None:
+    for hook in post:
+        hook(optimizer, (optimizer,), {})

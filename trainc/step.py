@@ -21,7 +21,9 @@ from trainc.codegen import CompiledGraph, get_backend
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph
-from trainc.optim import Rule, hyper_values, rule_for
+from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
+                          run_pre_hooks)
+from trainc.partition.whole_step import recompute_in_step
 from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, mark_mutable_inputs, run_passes
 
 
@@ -41,6 +43,7 @@ class _Compiled:
     graph: CompiledGraph
     signature: GraphSignature
     accumulate: bool
+    tangent: Optional[torch.Tensor] = None  # memory budget: the backward's seed gradient (1.0)
 
 
 class _LossModule(torch.nn.Module):
@@ -58,8 +61,12 @@ class CompiledStep:
     """`step(*batch) -> loss`: one optimizer step; `step(*batch, accumulate=True)` only adds grads."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
-                 clip_grad_norm: Optional[float], config: Config):
+                 clip_grad_norm: Optional[float], config: Config, optimizer_hooks: str = "error"):
+        if optimizer_hooks not in HOOK_MODES:
+            raise ValueError(f"trainc.compile_step: optimizer_hooks must be one of {HOOK_MODES}, "
+                             f"got {optimizer_hooks!r}")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.hooks = optimizer_hooks
         self.rule: Rule = rule_for(optimizer)
         self.clip, self.config = clip_grad_norm, config
         self.wrapper = _LossModule(model, loss_fn)
@@ -78,6 +85,14 @@ class CompiledStep:
         self.buffers = list(self.model.named_buffers())
 
     def __call__(self, *batch: Any, accumulate: bool = False) -> torch.Tensor:
+        # Eager accumulation runs no optimizer.step(), so no hooks; pre-hooks run before the
+        # key is built, as they may change hyperparameters (or flags) of this step.
+        post = [] if accumulate else run_pre_hooks(self.optimizer, self.hooks)
+        loss = self._step(batch, accumulate)
+        run_post_hooks(self.optimizer, post)
+        return loss
+
+    def _step(self, batch, accumulate: bool) -> torch.Tensor:
         key = self._key(batch, accumulate)
         comp = self.cache.get(key)
         if comp is None:
@@ -124,11 +139,16 @@ class CompiledStep:
         layout = _Layout(tuple(used), tuple(self.params[i][1].grad is not None for i in used),
                          tuple(fresh), keys, len(batch))
         flat = self._flat_inputs(layout, batch)
-        gm, mutated, has_rng = self._trace(layout, flat, accumulate)
-        sig = self._signature(layout, flat, mutated, has_rng, gm)
+        budget = self.config.memory_budget is not None
+        gm, mutated, has_rng = self._trace(layout, flat, accumulate, budget)
+        sig = self._signature(layout, flat, mutated, has_rng, gm, budget)
         dump = debug.Dumper(self.config, gid)
         dump.graph("00_step.py", gm, "whole training step after functionalization")
         gm = run_passes(gm, JOINT_PASSES, dump=dump)
+        part = None
+        if budget:  # after CSE, which would merge the recomputed copies back
+            gm, part = recompute_in_step(gm, self.config)
+            dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = run_passes(mark_mutable_inputs(gm, sig), POST_GRAD_PASSES)
         backend = get_backend(self.config.backend, _device(flat), self.config)
@@ -136,10 +156,11 @@ class CompiledStep:
                                         if n.op == "placeholder"])
         dump.graph("30_step.py", gm, "whole step graph given to the backend")
         dump.text("30_step_wrapper.py", compiled.source)
-        rec = records.GraphRecord.make(gid, JointGraph(gm, sig), None, gm, None, compiled, None,
+        rec = records.GraphRecord.make(gid, JointGraph(gm, sig), part, gm, None, compiled, None,
                                        backend.name, time.perf_counter() - t0)
         records.publish(dataclasses.replace(rec, mode="step"), self.config)
-        return _Compiled(layout, compiled, sig, accumulate)
+        tangent = torch.ones((), device=_device(flat)) if budget else None
+        return _Compiled(layout, compiled, sig, accumulate, tangent)
 
     def _used_params(self, batch) -> list[int]:
         """Indices of parameters that receive a gradient (eager skips the others entirely)."""
@@ -160,20 +181,27 @@ class CompiledStep:
                              f"tensor, got {type(loss).__name__}")
         return loss
 
-    def _trace(self, layout: _Layout, flat: list, accumulate: bool):
-        fn = self._step_fn(layout, accumulate)
+    def _trace(self, layout: _Layout, flat: list, accumulate: bool, tangent: bool):
+        """With `tangent`, the backward starts from a `tangents_0` input (1.0) instead of an
+        implicit ones: what depends on it is the backward region the budget partitions."""
+        fn = self._step_fn(layout, accumulate, tangent)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         # Inputs enter as plain (non-grad) tensors: the graph writes parameters in place.
         fakes = [mode.from_tensor(x.detach()) if isinstance(x, torch.Tensor) else x for x in flat]
         with mode:
-            seed = torch.empty((), dtype=torch.int64)
-            mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed)
+            extra = [torch.empty((), device=_device(flat))] if tangent else []
+            extra.append(torch.empty((), dtype=torch.int64))
+            mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, *extra)
             gm = make_fx(torch.func.functionalize(mutating, remove="mutations"),
-                         decomposition_table=decomps.TABLE)(*fakes, seed)
-        has_rng, mutated = finish_graph(gm, len(flat), 0)
+                         decomposition_table=decomps.TABLE)(*fakes, *extra)
+        has_rng, mutated = finish_graph(gm, len(flat) + tangent, 0)
+        if tangent:
+            ph = [n for n in gm.graph.nodes if n.op == "placeholder"][len(flat)]
+            ph.name = ph.target = "tangents_0"
+            gm.recompile()
         return gm, mutated, has_rng
 
-    def _step_fn(self, layout: _Layout, accumulate: bool) -> Callable:
+    def _step_fn(self, layout: _Layout, accumulate: bool, tangent: bool) -> Callable:
         n_p, n_b = len(self.params), len(self.buffers)
         n_acc = sum(layout.acc)
         n_state = sum(len(k) for k in layout.state_keys)
@@ -185,13 +213,15 @@ class CompiledStep:
             acc, rest = list(rest[:n_acc]), rest[n_acc:]
             states, rest = list(rest[:n_state]), rest[n_state:]
             hyper, rest = rest[:n_hyper], rest[n_hyper:]
-            batch, seed = rest[:layout.n_batch], rest[layout.n_batch]
+            batch, rest = rest[:layout.n_batch], rest[layout.n_batch:]
+            seed = rest[-1]
             with rng.tracing(seed), torch.enable_grad():
                 leaves = [p.detach().requires_grad_(True) for p in params]
                 loss = self._loss({n: l for (n, _), l in zip(self.params, leaves)},
                                   {n: b.detach() for (n, _), b in zip(self.buffers, bufs)}, batch)
                 used = [leaves[i] for i in layout.params]
-                grads = list(torch.autograd.grad(loss, used))
+                seed_grad = rest[0].to(loss.dtype).expand(loss.shape) if tangent else None
+                grads = list(torch.autograd.grad(loss, used, seed_grad))
             with torch.no_grad():
                 grads = [g + acc.pop(0) if a else g for g, a in zip(grads, layout.acc)]
                 if accumulate:
@@ -216,7 +246,7 @@ class CompiledStep:
                              [by_param[j] for j in sel], h, self.rule.flags(group),
                              [layout.fresh[j] for j in sel])
 
-    def _signature(self, layout, flat, mutated, has_rng, gm) -> GraphSignature:
+    def _signature(self, layout, flat, mutated, has_rng, gm, tangent: bool) -> GraphSignature:
         n_p, n_b = len(self.params), len(self.buffers)
         n_fixed = n_p + n_b + sum(layout.acc)
         n_state = sum(len(k) for k in layout.state_keys)
@@ -226,6 +256,8 @@ class CompiledStep:
         kinds += [InputKind.USER] * layout.n_batch
         inputs = tuple(InputInfo(f"primals_{i}", k, False, i in mutated)
                        for i, k in enumerate(kinds))
+        if tangent:
+            inputs += (InputInfo("tangents_0", InputKind.USER, False),)
         if has_rng:
             inputs += (InputInfo("seed", InputKind.SEED, False),)
         n_out = len(gm.graph.output_node().args[0]) - len(mutated)
@@ -236,7 +268,8 @@ class CompiledStep:
         flat = self._flat_inputs(comp.layout, batch)
         sig = comp.signature
         with torch.no_grad():
-            results = comp.graph.run(flat + ([rng.draw_seed()] if sig.has_rng else []))
+            extra = [comp.tangent] if comp.tangent is not None else []
+            results = comp.graph.run(flat + extra + ([rng.draw_seed()] if sig.has_rng else []))
             mutated = sig.mutated_inputs
             for i, new in zip(mutated, results):
                 if new is not flat[i]:
@@ -274,18 +307,23 @@ def _device(flat: list) -> torch.device:
 
 def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, *,
                  clip_grad_norm: Optional[float] = None, backend: str = "auto",
-                 memory_budget: Any = None, **options: Any) -> CompiledStep:
+                 memory_budget: Any = None, optimizer_hooks: str = "error",
+                 **options: Any) -> CompiledStep:
     """The whole training step as one graph: `step = compile_step(...); loss = step(*batch)`.
 
     Equivalent eager step: `loss = loss_fn(model, *batch); loss.backward();
     [clip_grad_norm_]; optimizer.step(); optimizer.zero_grad(set_to_none=True)`.
     `step(*batch, accumulate=True)` only adds this batch's gradients into `.grad` (micro-batch
     accumulation); the next plain `step(...)` adds its own and applies the update.
+    `memory_budget` (as in trainc.compile: a cap on the simulated peak; 0.0 = least memory)
+    makes the backward recompute forward values the min-cut partitioner chooses, inside the one
+    graph; None keeps every forward value the backward reads (no recomputation).
+    Optimizer step hooks (`register_step_pre_hook` / `_post_hook`, and the global ones) cannot
+    run where eager runs them (between backward and update, with .grad set): by default a
+    registered hook is an error at the next step; `optimizer_hooks="run"` calls pre-hooks
+    before and post-hooks after the whole compiled step, with .grad None.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
     config = make_config(backend, memory_budget, **options)
-    if memory_budget is not None:
-        raise NotImplementedError("trainc.compile_step: memory_budget is not supported yet (the "
-                                  "whole-step graph has no autograd boundary to partition)")
-    return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config)
+    return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)

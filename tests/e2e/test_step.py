@@ -32,10 +32,11 @@ def _eager_step(model, loss_fn, opt, batch, clip=None):
     return loss.detach()
 
 
-def _run(model, loss_fn, make_opt, batches, compiled, clip=None, sched=False):
+def _run(model, loss_fn, make_opt, batches, compiled, clip=None, sched=False, budget=None):
     opt = make_opt(model.parameters())
     lr_sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, len(batches)) if sched else None
-    step = trainc.compile_step(model, loss_fn, opt, backend="aten", clip_grad_norm=clip) \
+    step = trainc.compile_step(model, loss_fn, opt, backend="aten", clip_grad_norm=clip,
+                               memory_budget=budget) \
         if compiled else (lambda *b: _eager_step(model, loss_fn, opt, b, clip))
     losses = []
     for b in batches:
@@ -45,11 +46,12 @@ def _run(model, loss_fn, make_opt, batches, compiled, clip=None, sched=False):
     return losses, model.state_dict(), opt, step
 
 
-def _compare(name, batches_of, model, loss_fn, make_opt, **kw):
+def _compare(name, batches_of, model, loss_fn, make_opt, budget=None, **kw):
     ref_model = copy.deepcopy(model).double()
     ref = _run(ref_model, loss_fn, make_opt, batches_of(torch.float64), False, **kw)
     eager = _run(copy.deepcopy(model), loss_fn, make_opt, batches_of(None), False, **kw)
-    comp = _run(copy.deepcopy(model), loss_fn, make_opt, batches_of(None), True, **kw)
+    comp = _run(copy.deepcopy(model), loss_fn, make_opt, batches_of(None), True, budget=budget,
+                **kw)
     for i, (c, e, r) in enumerate(zip(comp[0], eager[0], ref[0])):
         assert_policy(f"{name} loss step {i}", c, e, r)
     for k in ref[1]:

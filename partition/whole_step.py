@@ -1,0 +1,131 @@
+"""Whole-step graph (compile_step) + memory budget -> the same graph with recomputation inside it.
+
+Backward region = nodes that depend on the `tangents_0` placeholder (backward and optimizer
+update). The min-cut partitioner picks which forward values the backward keeps; the others are
+computed again right before their first backward use, so their forward copies die early.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch.fx as fx
+
+from trainc.config import Config
+from trainc.graph import GraphSignature, JointGraph
+from trainc.partition import Partition, build_partition
+from trainc.partition import budget as B
+from trainc.partition import policy as P
+from trainc.partition.cost import CostModel
+from trainc.partition.policy import DEFAULT_POLICY
+from trainc.partition.save_all import save_all_nodes
+from trainc.partition.split import tangent_dependent
+
+# node.meta[REGION] on a rewritten step graph: FORWARD or BACKWARD (backward, optimizer update
+# and the recomputed copies). Code generators must not fuse across regions: a recomputed copy
+# fused into a forward kernel would be computed early and kept alive, undoing the budget.
+REGION = "trainc_region"
+FORWARD, BACKWARD = 0, 1
+PLANS = "trainc_step_plans"  # gm.meta: candidate plans of a step graph, per save policy
+
+
+def recompute_in_step(gm: fx.GraphModule, config: Config) -> tuple[fx.GraphModule, Partition]:
+    """Partition the step graph as if forward and backward were two graphs, then stitch them
+    back into one: forward, then backward with its recomputation interleaved (split.py's
+    order). Outputs keep their order; the simulated peak is the partition's."""
+    out = gm.graph.output_node()
+    outs = list(out.args[0])
+    backward = tangent_dependent(gm)
+    fwd_idx = [i for i, o in enumerate(outs) if not (isinstance(o, fx.Node) and o in backward)]
+    bwd_idx = [i for i, o in enumerate(outs) if i not in fwd_idx]
+    # partition() reads the joint layout "[forward outputs] + [grads]": reorder for its duration.
+    out.args = ([outs[i] for i in fwd_idx] + [outs[i] for i in bwd_idx],)
+    try:
+        sig = GraphSignature((), (), len(fwd_idx), (), (), (), True)
+        part = _partition(JointGraph(gm, sig), config, [outs[i] for i in fwd_idx], backward)
+    finally:
+        out.args = (outs,)
+    return _stitch(gm, part, fwd_idx, bwd_idx), part
+
+
+def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set) -> Partition:
+    """The budget search of mincut_choose, over candidates from two cost models (the policy's,
+    and the step's, where backward-only values are free): each sweep alone finds few plans,
+    and the lowest peaks come from either. Every plan is scored under the step's costs."""
+    policy = config.policy or DEFAULT_POLICY
+    cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph and policy, any budget
+    if policy not in cache:
+        step_costs = _step_costs(joint.gm, policy, fwd_outs, backward)
+        save_all = B.evaluate(joint, step_costs, save_all_nodes(joint), "save_all")
+        plans = {p.saved: p for p in B.candidates(joint, step_costs, [save_all])}
+        for p in B.candidates(joint, CostModel(joint.gm, policy)):
+            if p.saved not in plans:
+                plans[p.saved] = B.evaluate(joint, step_costs, p.saved,
+                                            p.label + " (policy costs)")
+        cache[policy] = step_costs, save_all, list(plans.values())
+    step_costs, save_all, plans = cache[policy]
+    best, note = B.choose(plans, save_all, config.memory_budget,
+                          f"a training step of {len(joint.gm.graph.nodes)} nodes")
+    return build_partition(joint, step_costs, list(best.saved), "budget", note)
+
+
+def _step_costs(gm: fx.GraphModule, policy: P.SavePolicy, fwd_outs: list,
+                backward: set) -> CostModel:
+    """The policy's costs, except that values no forward output needs (autograd's backward
+    formulas that read only forward values, optimizer scalars) cost nothing to recompute: the
+    traced step computes them in the backward anyway, so "recomputing" them adds no work."""
+    costs = CostModel(gm, policy)
+    needed: set[fx.Node] = set()
+    work = [o for o in fwd_outs if isinstance(o, fx.Node)]
+    while work:
+        n = work.pop()
+        if n not in needed:
+            needed.add(n)
+            work.extend(n.all_input_nodes)
+    for n, c in costs.costs.items():
+        if n.op == "call_function" and n not in backward and n not in needed \
+                and c.cls not in (P.NEVER, P.INPUT):
+            costs.costs[n] = dataclasses.replace(c, flops=0, recompute=0)
+    return costs
+
+
+def _stitch(gm: fx.GraphModule, part: Partition, fwd_idx: list[int],
+            bwd_idx: list[int]) -> fx.GraphModule:
+    graph = fx.Graph()
+    inputs: dict[str, fx.Node] = {}
+    for p in gm.graph.nodes:
+        if p.op == "placeholder":
+            inputs[p.name] = graph.placeholder(p.name)
+            inputs[p.name].meta = dict(p.meta)
+    fwd_out = _inline(graph, part.fwd, lambda i, p: inputs[p.name], FORWARD)
+    n_fwd = len(fwd_idx)
+    saved = fwd_out[n_fwd:]
+    bwd_out = _inline(graph, part.bwd,
+                      lambda i, p: saved[i] if i < len(saved) else inputs[p.name], BACKWARD)
+    final: list = [None] * (len(fwd_idx) + len(bwd_idx))
+    for k, i in enumerate(fwd_idx):
+        final[i] = fwd_out[k]
+    for k, i in enumerate(bwd_idx):
+        final[i] = bwd_out[k]
+    graph.output(final)
+    graph.lint()
+    new = fx.GraphModule(gm, graph)
+    new.meta.update({k: v for k, v in gm.meta.items() if k not in (PLANS, "trainc_budget_plans")})
+    return new
+
+
+def _inline(graph: fx.Graph, sub: fx.GraphModule, placeholder, region: int) -> list:
+    """Copy `sub`'s nodes into `graph` (names made unique: recomputed copies of forward values
+    get new names), tagged with `region`; `placeholder(i, node)` gives the value of its i-th
+    input. Returns the outputs."""
+    env: dict[fx.Node, fx.Node] = {}
+    i = 0
+    for n in sub.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = placeholder(i, n)
+            i += 1
+        elif n.op == "output":
+            return [env[a] if isinstance(a, fx.Node) else a for a in n.args[0]]
+        else:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+            env[n].meta[REGION] = region
+    raise AssertionError("trainc: a partitioned graph without an output node")
