@@ -259,7 +259,8 @@ class KernelPrinter:
             return [acc]
         if op in ("max", "min"):
             init = _extreme(e_dtype, op == "max")
-            body.emit(f"{t} {acc} = {init}; bool {acc}n = false;")
+            # an int flag, not bool: GCC has no vector type for bool and would keep it scalar
+            body.emit(f"{t} {acc} = {init}; int {acc}n = 0;")
             return [acc, acc + "n"]
         init = _extreme(e_dtype, op == "argmax")
         body.emit(f"{t} {acc} = {init}; int64_t {acc}i = 0;")
