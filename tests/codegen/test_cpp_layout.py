@@ -1,0 +1,72 @@
+"""C++ loop layout: column reductions vectorize across outer lanes, kernel-internal buffers live
+in per-thread scratch, and both give eager's results (NaN, ties, odd sizes included)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cpp_helpers import check
+
+
+def _column_reductions(a, b):
+    mx = a.max(0)
+    return (a.sum(0), (a * b).sum(0), a.amax(0), a.amin(0), a.argmax(0), a.argmin(0),
+            mx.values, mx.indices, a.prod(0), torch.softmax(a, 0), torch.logsumexp(a, 0),
+            *torch.var_mean(a, 0), (a - a.mean(0, keepdim=True)) * b)
+
+
+@pytest.mark.parametrize("shape,lanes", [((37, 64), True), ((3, 5, 48), True),
+                                         ((9, 7), False), ((130, 40), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_column_reductions_use_lanes(shape, lanes, dtype):
+    a, b = torch.randn(*shape, dtype=dtype), torch.randn(*shape, dtype=dtype)
+    a.view(-1)[::5] = a.view(-1)[1::5]  # ties: the first index wins
+    c = check(_column_reductions, a, b, atol=1e-5)
+    assert ("lane0" in c.extra["cpp"]) == lanes
+
+
+def test_column_reductions_nan_and_inf():
+    a, b = torch.randn(20, 32), torch.randn(20, 32)
+    a[3, 5] = a[7, 9] = float("nan")
+    a[2, 6] = float("inf")
+    a[4, 6] = -float("inf")
+    c = check(_column_reductions, a, b, atol=1e-5)
+    assert "lane0" in c.extra["cpp"]
+
+
+def test_column_reduction_bfloat16():
+    a = torch.randn(33, 64, dtype=torch.bfloat16)
+    c = check(lambda a: (a.sum(0), a.amax(0), a.float().sum(0)), a, rtol=1e-2, atol=1e-2)
+    assert "lane0" in c.extra["cpp"]
+
+
+def test_row_reductions_keep_the_inner_loop_vectorized():
+    c = check(lambda a: (a.sum(1), torch.softmax(a, 1)), torch.randn(64, 96), atol=1e-5)
+    assert "lane0" not in c.extra["cpp"] and "omp simd reduction" in c.extra["cpp"]
+
+
+def _norm_act(x, w, b):
+    y = F.gelu(F.layer_norm(x, (x.shape[-1],), w, b)) + x
+    return torch.softmax(y * 0.5, -1) * y
+
+
+@pytest.mark.parametrize("shape", [(16, 40), (3, 4, 24)])
+def test_kernel_internal_buffer_lives_in_scratch(shape):
+    x, w, b = torch.randn(*shape), torch.randn(shape[-1]), torch.randn(shape[-1])
+    c = check(_norm_act, x, w, b, atol=1e-5)
+    assert len(c.kernels) == 1
+    assert "_s[" in c.extra["cpp"]  # y is read by three later loops of the row
+    assert c.kernels[0].bytes_written == x.numel() * 4  # only the output reaches memory
+
+
+def test_scratch_in_lane_mode():
+    def f(x):  # a column softmax whose shifted input is reused by two later loops
+        y = (x * 2).sin()
+        return torch.softmax(y, 0) * y, y.amax(0)
+    c = check(f, torch.randn(24, 32), atol=1e-5)
+    assert "lane0" in c.extra["cpp"] and "_s[" in c.extra["cpp"]
+
+
+def test_large_rows_skip_scratch():
+    x = torch.randn(2, 8192)
+    c = check(_norm_act, x, torch.randn(8192), torch.randn(8192), atol=1e-5)
+    assert "_s[" not in c.extra["cpp"]
