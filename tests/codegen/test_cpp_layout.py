@@ -59,11 +59,14 @@ def test_kernel_internal_buffer_lives_in_scratch(shape):
 
 
 def test_scratch_in_lane_mode():
-    def f(x):  # a column softmax whose shifted input is reused by two later loops
-        y = (x * 2).sin()
-        return torch.softmax(y, 0) * y, y.amax(0)
-    c = check(f, torch.randn(24, 32), atol=1e-5)
-    assert "lane0" in c.extra["cpp"] and "_s[" in c.extra["cpp"]
+    def f(x):  # rows of x.t() are columns of x: lanes; y is reused by three later loops
+        a = x.t()
+        y = F.gelu(a) + a
+        return torch.softmax(y * 0.5, -1).sum(-1), y.amax(-1), (y * torch.softmax(y, -1)).sum(-1)
+    x = torch.randn(32, 24)
+    x[3, 4] = float("nan")
+    c = check(f, x, atol=1e-5)
+    assert "lane0" in c.extra["cpp"] and "_s[" in c.extra["cpp"] and len(c.kernels) == 1
 
 
 def test_large_rows_skip_scratch():
