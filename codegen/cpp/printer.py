@@ -22,14 +22,14 @@ SCRATCH_BYTES = 16384  # per kernel-internal buffer and outer iteration: stays i
 STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
            torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
            torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
-           torch.bool: "bool"}
+           torch.bool: "uint8_t"}  # bool as bytes: GCC vectorizes uint8 loads, not bool ones
 
 
 def ctype(dtype: torch.dtype) -> str:
     """The C type a value of `dtype` computes in."""
     if dtype in (torch.float32, torch.bfloat16, torch.float16):
         return "float"
-    return STORAGE[dtype]
+    return "bool" if dtype == torch.bool else STORAGE[dtype]
 
 
 CPP_INDEX = ir.IndexSyntax(
@@ -169,10 +169,13 @@ class KernelPrinter:
         if e.buf in self.values:
             return self.values[e.buf]
         if e.buf in self.k.scratch:
-            return f"{e.buf}_s[{self._scratch_slot(body, e.buf, e.index)}]"
+            x = f"{e.buf}_s[{self._scratch_slot(body, e.buf, e.index)}]"
+            return f"({x} != 0)" if e.dtype == torch.bool else x
         self.params.setdefault(e.buf, False)
         x = f"{e.buf}[{body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
+        if dt == torch.bool:
+            return f"({x} != 0)"
         return f"bf2f({x})" if dt == torch.bfloat16 else (f"(float){x}" if dt == torch.float16
                                                             else x)
 
@@ -236,7 +239,8 @@ class KernelPrinter:
         for b in sorted(self.k.scratch):  # one outer iteration of each kernel-internal buffer
             buf = self.g.buffers[b]
             n = _numel(buf.shape[len(self.k.outer):]) * w
-            lines.append(f"    alignas(64) {ctype(buf.dtype)} {b}_s[{n}];")
+            t = STORAGE[buf.dtype] if buf.dtype == torch.bool else ctype(buf.dtype)
+            lines.append(f"    alignas(64) {t} {b}_s[{n}];")
         lines += body.lines
         lines += ["  }", "}"]
         return "\n".join(lines)
