@@ -14,9 +14,10 @@ LANE_WIDTHS = (64, 32, 16, 8)  # lanes per block: a divisor of the last outer di
 SCRATCH_LIMIT = 1 << 18  # bytes of per-thread scratch a lane block may take
 
 
-def choose_lanes(kern: Kernel, g: LoweredGraph) -> Optional[int]:
+def choose_lanes(kern: Kernel, g: LoweredGraph, osyms, loop_syms, exprs) -> Optional[int]:
     """The lane count when the kernel's memory accesses are contiguous along its last outer dim
-    more often than along its innermost loop dim (weighted by how often each runs), else None."""
+    more often than along its innermost loop dim (weighted by how often each runs), else None.
+    `loop_syms[k]`: loop k's index symbols; `exprs`: each node's value over those symbols."""
     if kern.kind != "loops" or not kern.outer:
         return None
     last = int(kern.outer[-1])
@@ -26,14 +27,11 @@ def choose_lanes(kern: Kernel, g: LoweredGraph) -> Optional[int]:
     scratch = sum(ir_bytes(g, b, len(kern.outer)) for b in kern.scratch) * width
     if scratch > SCRATCH_LIMIT:
         return None
-    osyms = ir.symbols("o", kern.outer)
     row = col = 0
-    for lp in kern.loops:
-        isyms = ir.symbols("i", lp.inner)
+    for lp, isyms in zip(kern.loops, loop_syms):
         weight = max(_numel(lp.inner), 1)
         for n in lp.steps:
-            e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
-            indices = [l.index for l in ir.loads(e) if l.buf not in kern.scratch]
+            indices = [l.index for l in ir.loads(exprs[n.name]) if l.buf not in kern.scratch]
             if n.kind == "pointwise" and n.name not in kern.local:
                 indices.append(ir.linear(osyms + isyms, g.buffers[n.name].stride))
             for index in indices:
@@ -45,14 +43,19 @@ def choose_lanes(kern: Kernel, g: LoweredGraph) -> Optional[int]:
 
 
 def _unit(index, sym: sympy.Symbol) -> bool:
-    """Does `index` step by exactly one element when `sym` does?"""
-    index = sympy.sympify(index)
-    if sym not in index.free_symbols:
-        return False
-    try:
-        return sympy.expand(index.subs(sym, sym + 1) - index) == 1
-    except (TypeError, ValueError):
-        return False
+    """Does `index` step by exactly one element when `sym` does? (only affine uses count)"""
+    coeff = 0
+    for term in sympy.Add.make_args(index):
+        if term == sym:
+            coeff += 1
+        elif term.is_Mul and sym in term.args and len(term.args) == 2:
+            c = term.args[0] if term.args[1] == sym else term.args[1]
+            if not c.is_Integer:
+                return False
+            coeff += int(c)
+        elif sym in term.free_symbols:
+            return False
+    return coeff == 1
 
 
 def ir_bytes(g: LoweredGraph, buf: str, n_outer: int) -> int:

@@ -156,9 +156,15 @@ class KernelPrinter:
         self.k, self.g = kern, g
         self.params: dict[str, bool] = {}  # buffer -> written
         self.values: dict[str, str] = {}  # buffer -> C var holding its value here
+        # every node's value expression, built once: the lane choice and the printer share it
+        self.osyms = ir.symbols("o", kern.outer) if kern.kind == "loops" else []
+        self.isyms = [ir.symbols("i", lp.inner) for lp in kern.loops]
+        self.exprs = {} if kern.kind != "loops" else {
+            n.name: n.fn(self.osyms + isyms) if n.kind == "pointwise" else n.fn(self.osyms, isyms)
+            for lp, isyms in zip(kern.loops, self.isyms) for n in lp.steps}
         # vector lanes along the last outer dim instead of the innermost loop (column
         # reductions, kernels contiguous in an outer dim); None: vectorize the inner loop
-        self.lanes = choose_lanes(kern, g)
+        self.lanes = choose_lanes(kern, g, self.osyms, self.isyms, self.exprs)
         self._tmp = 0
 
     def tmp(self) -> str:
@@ -203,13 +209,13 @@ class KernelPrinter:
 
     # -- kernel ---------------------------------------------------------------------------
     def source(self) -> str:
-        osyms = self.osyms = ir.symbols("o", self.k.outer)
+        osyms = self.osyms
         body = Body(self, "    ")
         if self.k.kind == "scatter":
             self._scatter(body, self.k.nodes[0])
         else:
-            for lp in self.k.loops:
-                self._loop(body, lp, osyms)
+            for lp, isyms in zip(self.k.loops, self.isyms):
+                self._loop(body, lp, osyms, isyms)
         return self._wrap(osyms, body)
 
     def _wrap(self, osyms, body: Body) -> str:
@@ -245,8 +251,7 @@ class KernelPrinter:
         lines += ["  }", "}"]
         return "\n".join(lines)
 
-    def _loop(self, outer: Body, lp: Loop, osyms) -> None:
-        isyms = ir.symbols("i", lp.inner)
+    def _loop(self, outer: Body, lp: Loop, osyms, isyms) -> None:
         reds = [n for n in lp.steps if n.kind == "reduction"]
         accs = {n.name: self._acc_init(outer, n) for n in reds}
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
@@ -267,7 +272,7 @@ class KernelPrinter:
             if n.kind == "pointwise":
                 self._pointwise(inner, n, osyms, isyms)
             else:
-                self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), isyms, lp.inner)
+                self._accumulate(inner, n, accs[n.name], self.exprs[n.name], isyms, lp.inner)
         self.values = saved
         for d in range(max(depth, 1)):
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
@@ -282,7 +287,7 @@ class KernelPrinter:
         body.emit(f"{ind}  const int64_t {last} = lane0 + j;")
 
     def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms) -> None:
-        v = body.value(n.fn(osyms + isyms))
+        v = body.value(self.exprs[n.name])
         b = self.g.buffers[n.name]
         index = ir.linear(osyms + isyms, b.stride)
         if n.name in self.k.scratch:
