@@ -223,9 +223,11 @@ def within_outer(index, osyms, stride, shape) -> Optional[sympy.Expr]:
     return h
 
 
-def schedule(g: LoweredGraph, scratch_bytes: int = 0) -> Schedule:
+def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Schedule:
     """`scratch_bytes`: the most bytes per outer iteration a kernel-internal buffer may take to
-    live in per-thread scratch instead of memory (0: never; backends opt in)."""
+    live in per-thread scratch instead of memory (0: never; backends opt in). `min_inner`: a
+    pointwise-only kernel moves trailing dims into its inner loops until they hold this many
+    elements (long vector loops for backends that can flatten them)."""
     b = _Builder(g)
     for step in g.steps:
         if isinstance(step, CallNode):
@@ -237,7 +239,7 @@ def schedule(g: LoweredGraph, scratch_bytes: int = 0) -> Schedule:
     outside = _outside_reads(b, g)
     for k in order:
         if isinstance(b.items[k], Kernel):
-            plan(b.items[k], g, outside.get(k, set()), scratch_bytes)
+            plan(b.items[k], g, outside.get(k, set()), scratch_bytes, min_inner)
     return Schedule(items, g)
 
 
@@ -257,11 +259,14 @@ def _outside_reads(b: _Builder, g: LoweredGraph) -> dict[int, set[str]]:
 
 
 def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
-         scratch_bytes: int = 0) -> None:
+         scratch_bytes: int = 0, min_inner: int = 1) -> None:
     """Split the kernel's nodes into loops, find kernel-local buffers, count bytes."""
     if kern.outer is None:
         shape = kern.nodes[0].shape
-        kern.outer = tuple(shape[:-1]) if kern.kind == "loops" else ()
+        k = max(len(shape) - 1, 0)
+        while k > 0 and ir_numel(shape[k:]) < min_inner:
+            k -= 1
+        kern.outer = tuple(shape[:k]) if kern.kind == "loops" else ()
     if kern.kind == "scatter":
         kern.outer = ()
         kern.loops = [Loop((), list(kern.nodes))]

@@ -13,11 +13,12 @@ import torch
 
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
-from trainc.codegen.cpp.lanes import choose_lanes
+from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
 SCRATCH_BYTES = 16384  # per kernel-internal buffer and outer iteration: stays in L1/L2
+MIN_INNER = 512  # elements a pointwise kernel's inner loops cover (flattened when contiguous)
 
 STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
            torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -158,13 +159,15 @@ class KernelPrinter:
         self.values: dict[str, str] = {}  # buffer -> C var holding its value here
         # every node's value expression, built once: the lane choice and the printer share it
         self.osyms = ir.symbols("o", kern.outer) if kern.kind == "loops" else []
-        self.isyms = [ir.symbols("i", lp.inner) for lp in kern.loops]
+        # per loop: its loop symbols, the index expression of each inner dim, its extents
+        self.shapes = [flatten_loop(lp, self.osyms, g, kern.local) for lp in kern.loops]
         self.exprs = {} if kern.kind != "loops" else {
-            n.name: n.fn(self.osyms + isyms) if n.kind == "pointwise" else n.fn(self.osyms, isyms)
-            for lp, isyms in zip(kern.loops, self.isyms) for n in lp.steps}
+            n.name: n.fn(self.osyms + dims) if n.kind == "pointwise" else n.fn(self.osyms, dims)
+            for lp, (_, dims, _) in zip(kern.loops, self.shapes) for n in lp.steps}
         # vector lanes along the last outer dim instead of the innermost loop (column
         # reductions, kernels contiguous in an outer dim); None: vectorize the inner loop
-        self.lanes = choose_lanes(kern, g, self.osyms, self.isyms, self.exprs)
+        self.lanes = choose_lanes(kern, g, self.osyms, [s[0] for s in self.shapes],
+                                  [s[1] for s in self.shapes], self.exprs)
         self._tmp = 0
 
     def tmp(self) -> str:
@@ -214,8 +217,8 @@ class KernelPrinter:
         if self.k.kind == "scatter":
             self._scatter(body, self.k.nodes[0])
         else:
-            for lp, isyms in zip(self.k.loops, self.isyms):
-                self._loop(body, lp, osyms, isyms)
+            for lp, shape in zip(self.k.loops, self.shapes):
+                self._loop(body, lp, osyms, shape)
         return self._wrap(osyms, body)
 
     def _wrap(self, osyms, body: Body) -> str:
@@ -251,11 +254,12 @@ class KernelPrinter:
         lines += ["  }", "}"]
         return "\n".join(lines)
 
-    def _loop(self, outer: Body, lp: Loop, osyms, isyms) -> None:
+    def _loop(self, outer: Body, lp: Loop, osyms, shape) -> None:
+        isyms, dims, extents = shape
         reds = [n for n in lp.steps if n.kind == "reduction"]
         accs = {n.name: self._acc_init(outer, n) for n in reds}
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
-        for d, (s, size) in enumerate(zip(isyms, lp.inner)):
+        for d, (s, size) in enumerate(zip(isyms, extents)):
             if d == len(isyms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
             outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
@@ -270,7 +274,7 @@ class KernelPrinter:
         saved = dict(self.values)
         for n in lp.steps:
             if n.kind == "pointwise":
-                self._pointwise(inner, n, osyms, isyms)
+                self._pointwise(inner, n, osyms, dims)
             else:
                 self._accumulate(inner, n, accs[n.name], self.exprs[n.name], isyms, lp.inner)
         self.values = saved

@@ -73,3 +73,14 @@ def test_large_rows_skip_scratch():
     x = torch.randn(2, 8192)
     c = check(_norm_act, x, torch.randn(8192), torch.randn(8192), atol=1e-5)
     assert "_s[" not in c.extra["cpp"]
+
+
+def test_pointwise_inner_dims_flatten_when_contiguous():
+    def f(x, w):
+        return (x * w[None, :, None, None]).relu() + 1, x.transpose(2, 3) * 2
+    x = torch.randn(4, 6, 8, 16)
+    x[0, 1, 2, 3] = float("nan")
+    c = check(f, x, torch.randn(6))
+    src = c.extra["cpp"]
+    assert "< 128; ++" in src  # the 8 x 16 plane runs as one vector loop; the channel stays
+    assert "< 768; ++" not in src  # a merge that would make w's index non-affine is refused
