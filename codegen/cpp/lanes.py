@@ -74,12 +74,12 @@ def _numel(shape) -> int:
     return n
 
 
-def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str]):
+def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str], plain: list):
     """(loop symbols, per-dim index expressions, loop extents) for a loop of pointwise steps:
     trailing inner dims merge into one loop when every access stays affine in the merged
-    symbol (contiguous blocks), so the vectorized loop is long; otherwise one loop per dim."""
+    symbol (contiguous blocks), so the vectorized loop is long; otherwise one loop per dim
+    (`plain`: the per-dim symbols loops of the same extents share)."""
     dims = list(lp.inner)
-    plain = ir.symbols("i", dims)
     if len(dims) < 2 or 0 in dims or any(n.kind != "pointwise" for n in lp.steps):
         return plain, plain, tuple(dims)
     for m in range(len(dims), 1, -1):

@@ -14,6 +14,7 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
+from trainc.codegen.cpp.reuse import plan_reuse
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
@@ -160,7 +161,10 @@ class KernelPrinter:
         # every node's value expression, built once: the lane choice and the printer share it
         self.osyms = ir.symbols("o", kern.outer) if kern.kind == "loops" else []
         # per loop: its loop symbols, the index expression of each inner dim, its extents
-        self.shapes = [flatten_loop(lp, self.osyms, g, kern.local) for lp in kern.loops]
+        plain: dict[tuple, list] = {}
+        self.shapes = [flatten_loop(lp, self.osyms, g, kern.local,
+                                    plain.setdefault(tuple(lp.inner), ir.symbols("i", lp.inner)))
+                       for lp in kern.loops]
         self.exprs = {} if kern.kind != "loops" else {
             n.name: n.fn(self.osyms + dims) if n.kind == "pointwise" else n.fn(self.osyms, dims)
             for lp, (_, dims, _) in zip(kern.loops, self.shapes) for n in lp.steps}
@@ -168,6 +172,9 @@ class KernelPrinter:
         # reductions, kernels contiguous in an outer dim); None: vectorize the inner loop
         self.lanes = choose_lanes(kern, g, self.osyms, [s[0] for s in self.shapes],
                                   [s[1] for s in self.shapes], self.exprs)
+        self.reuse = [] if self.lanes or kern.kind != "loops" else plan_reuse(
+            [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
+            [s[2] for s in self.shapes], [s[0] for s in self.shapes])
         self._tmp = 0
 
     def tmp(self) -> str:
@@ -250,6 +257,9 @@ class KernelPrinter:
             n = _numel(buf.shape[len(self.k.outer):]) * w
             t = STORAGE[buf.dtype] if buf.dtype == torch.bool else ctype(buf.dtype)
             lines.append(f"    alignas(64) {t} {b}_s[{n}];")
+        for r in self.reuse:  # expensive values an earlier loop computed for later ones
+            n = _numel(self.shapes[r.first][2])
+            lines.append(f"    alignas(64) {ctype(r.expr.dtype)} {r.name}[{n}];")
         lines += body.lines
         lines += ["  }", "}"]
         return "\n".join(lines)
@@ -271,12 +281,20 @@ class KernelPrinter:
             outer.emit("{")
         inner = Body(self, outer.indent + "  " * (max(depth, 1) + 1))
         inner.lines = outer.lines
+        k = self.k.loops.index(lp)
+        slot = index_code(ir.linear(isyms, ir.contiguous_strides(extents))) if isyms else "0"
+        for r in self.reuse:
+            if k in r.later:
+                inner.memo[r.expr] = f"{r.name}[{slot}]"
         saved = dict(self.values)
         for n in lp.steps:
             if n.kind == "pointwise":
                 self._pointwise(inner, n, osyms, dims)
             else:
                 self._accumulate(inner, n, accs[n.name], self.exprs[n.name], isyms, lp.inner)
+        for r in self.reuse:
+            if r.first == k:
+                inner.emit(f"{r.name}[{slot}] = {inner.value(r.expr)};")
         self.values = saved
         for d in range(max(depth, 1)):
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")

@@ -84,3 +84,15 @@ def test_pointwise_inner_dims_flatten_when_contiguous():
     src = c.extra["cpp"]
     assert "< 128; ++" in src  # the 8 x 16 plane runs as one vector loop; the channel stays
     assert "< 768; ++" not in src  # a merge that would make w's index non-affine is refused
+
+
+def test_softmax_exp_is_computed_once_per_element():
+    def f(x):
+        return torch.softmax(x, -1), torch.log_softmax(x * 2, -1), torch.tanh(x).sum(-1)
+    x = torch.randn(12, 96)
+    x[1, 5], x[2, 7], x[3] = float("nan"), float("inf"), -float("inf")
+    c = check(f, x, atol=1e-5)
+    src = c.extra["cpp"]
+    body = src[src.index('extern "C"'):]
+    assert "rv0[" in body
+    assert body.count("tc_exp(") == 2  # one per softmax: the sum loop's value is reused
