@@ -32,6 +32,9 @@ class Kernel:
     nodes: list[ComputeNode] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
     local: set[str] = field(default_factory=set)  # buffers that never reach memory
+    # local buffers read by a later loop of the same outer iteration: the backend keeps one
+    # outer iteration of them in a small per-thread array (subset of `local`)
+    scratch: set[str] = field(default_factory=set)
     info: Optional[KernelInfo] = None
 
     @property
@@ -220,7 +223,11 @@ def within_outer(index, osyms, stride, shape) -> Optional[sympy.Expr]:
     return h
 
 
-def schedule(g: LoweredGraph) -> Schedule:
+def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Schedule:
+    """`scratch_bytes`: the most bytes per outer iteration a kernel-internal buffer may take to
+    live in per-thread scratch instead of memory (0: never; backends opt in). `min_inner`: a
+    pointwise-only kernel moves trailing dims into its inner loops until they hold this many
+    elements (long vector loops for backends that can flatten them)."""
     b = _Builder(g)
     for step in g.steps:
         if isinstance(step, CallNode):
@@ -232,7 +239,7 @@ def schedule(g: LoweredGraph) -> Schedule:
     outside = _outside_reads(b, g)
     for k in order:
         if isinstance(b.items[k], Kernel):
-            plan(b.items[k], g, outside.get(k, set()))
+            plan(b.items[k], g, outside.get(k, set()), scratch_bytes, min_inner)
     return Schedule(items, g)
 
 
@@ -251,11 +258,15 @@ def _outside_reads(b: _Builder, g: LoweredGraph) -> dict[int, set[str]]:
     return out
 
 
-def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str]) -> None:
+def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
+         scratch_bytes: int = 0, min_inner: int = 1) -> None:
     """Split the kernel's nodes into loops, find kernel-local buffers, count bytes."""
     if kern.outer is None:
         shape = kern.nodes[0].shape
-        kern.outer = tuple(shape[:-1]) if kern.kind == "loops" else ()
+        k = max(len(shape) - 1, 0)
+        while k > 0 and ir_numel(shape[k:]) < min_inner:
+            k -= 1
+        kern.outer = tuple(shape[:k]) if kern.kind == "loops" else ()
     if kern.kind == "scatter":
         kern.outer = ()
         kern.loops = [Loop((), list(kern.nodes))]
@@ -272,12 +283,37 @@ def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str]) -> None:
             continue
         if n.kind == "reduction" or users.get(n.name, set()) <= {loop_of[n.name]}:
             kern.local.add(n.name)
+        elif _scratch_ok(kern, n, g, scratch_bytes):
+            kern.local.add(n.name)
+            kern.scratch.add(n.name)
     produced = {n.name for n in kern.nodes}
     read = {l.buf for n in kern.nodes for l in reads(n)} - produced
     written = produced - kern.local
     kern.info = KernelInfo(kern.name, tuple(o for n in kern.nodes for o in n.origins),
                            sum(g.buffers[b].nbytes for b in read),
                            sum(g.buffers[b].nbytes for b in written))
+
+
+def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bool:
+    """n's values of one outer iteration fit in `limit` bytes and every read of n in the kernel
+    stays inside that outer iteration (so a per-thread array can stand in for the buffer)."""
+    if n.kind != "pointwise" or not kern.outer:
+        return False
+    b = g.buffers[n.name]
+    inner = ir_numel(n.shape[len(kern.outer):])
+    if inner * b.dtype.itemsize > limit:
+        return False
+    osyms = ir.symbols("o", kern.outer)
+    isyms = ir.symbols("i", n.shape[len(kern.outer):])
+    if within_outer(ir.linear(osyms + isyms, b.stride), osyms, b.stride, b.shape) is None:
+        return False
+    for m in kern.nodes:
+        e = (m.fn(osyms + ir.symbols("i", inner_of(m, kern.outer))) if m.kind == "pointwise"
+             else m.fn(osyms, ir.symbols("i", inner_of(m, kern.outer))))
+        for l in ir.loads(e):
+            if l.buf == n.name and within_outer(l.index, osyms, b.stride, b.shape) is None:
+                return False
+    return True
 
 
 def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:

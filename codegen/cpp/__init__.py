@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.cpp.build import build
-from trainc.codegen.cpp.printer import kernel_source
+from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
@@ -28,7 +28,8 @@ class CppBackend:
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
-        sched = schedule(lower(gm, LOWERINGS, is_extern))
+        sched = schedule(lower(gm, LOWERINGS, is_extern), scratch_bytes=SCRATCH_BYTES,
+                         min_inner=MIN_INNER)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources, params = [], {}
         for k in kernels:

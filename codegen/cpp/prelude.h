@@ -15,8 +15,9 @@ static inline uint16_t f2bf(float f) {
 static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
 static inline float round_f16(float f) { return (float)(_Float16)f; }
 
-template <typename T> static inline T tc_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
-template <typename T> static inline T tc_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+// NaN-propagating: a NaN b fails the compare and is picked; two selects keep loops vectorizable
+template <typename T> static inline T tc_max(T a, T b) { T m = a > b ? a : b; return (a != a) ? a : m; }
+template <typename T> static inline T tc_min(T a, T b) { T m = a < b ? a : b; return (a != a) ? a : m; }
 // sign(NaN) = 0 and sign(-0.0) = 0, as torch.sign on CPU.
 template <typename T> static inline T tc_sign(T a) { return a > 0 ? T(1) : (a < 0 ? T(-1) : T(0)); }
 template <typename T> static inline T tc_floordiv(T a, T b) {

@@ -13,21 +13,25 @@ import torch
 
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
-from trainc.codegen.scheduler import Kernel, Loop
+from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
+from trainc.codegen.cpp.reuse import plan_reuse
+from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
+SCRATCH_BYTES = 16384  # per kernel-internal buffer and outer iteration: stays in L1/L2
+MIN_INNER = 512  # elements a pointwise kernel's inner loops cover (flattened when contiguous)
 
 STORAGE = {torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
            torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
            torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t",
-           torch.bool: "bool"}
+           torch.bool: "uint8_t"}  # bool as bytes: GCC vectorizes uint8 loads, not bool ones
 
 
 def ctype(dtype: torch.dtype) -> str:
     """The C type a value of `dtype` computes in."""
     if dtype in (torch.float32, torch.bfloat16, torch.float16):
         return "float"
-    return STORAGE[dtype]
+    return "bool" if dtype == torch.bool else STORAGE[dtype]
 
 
 CPP_INDEX = ir.IndexSyntax(
@@ -154,28 +158,40 @@ class KernelPrinter:
         self.k, self.g = kern, g
         self.params: dict[str, bool] = {}  # buffer -> written
         self.values: dict[str, str] = {}  # buffer -> C var holding its value here
+        # every node's value expression, built once: the lane choice and the printer share it
+        self.osyms = ir.symbols("o", kern.outer) if kern.kind == "loops" else []
+        # per loop: its loop symbols, the index expression of each inner dim, its extents
+        plain: dict[tuple, list] = {}
+        self.shapes = [flatten_loop(lp, self.osyms, g, kern.local,
+                                    plain.setdefault(tuple(lp.inner), ir.symbols("i", lp.inner)))
+                       for lp in kern.loops]
+        self.exprs = {} if kern.kind != "loops" else {
+            n.name: n.fn(self.osyms + dims) if n.kind == "pointwise" else n.fn(self.osyms, dims)
+            for lp, (_, dims, _) in zip(kern.loops, self.shapes) for n in lp.steps}
+        # vector lanes along the last outer dim instead of the innermost loop (column
+        # reductions, kernels contiguous in an outer dim); None: vectorize the inner loop
+        self.lanes = choose_lanes(kern, g, self.osyms, [s[0] for s in self.shapes],
+                                  [s[1] for s in self.shapes], self.exprs)
+        self.reuse = [] if self.lanes or kern.kind != "loops" else plan_reuse(
+            [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
+            [s[2] for s in self.shapes], [s[0] for s in self.shapes])
         self._tmp = 0
 
     def tmp(self) -> str:
         self._tmp += 1
         return f"t{self._tmp}"
 
-    def keep(self, body: Body, buf: str, v: str) -> None:
-        """Later steps of this kernel read `buf` as v, rounded as the stored buffer is: a
-        bf16 value must compare equal to itself reloaded (amax backward's x == max)."""
-        dt = self.g.buffers[buf].dtype
-        if dt in (torch.bfloat16, torch.float16):
-            r = self.tmp()
-            body.emit(f"const float {r} = {cast_code(v, dt, dt)};")
-            v = r
-        self.values[buf] = v
-
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
+        if e.buf in self.k.scratch:
+            x = f"{e.buf}_s[{self._scratch_slot(body, e.buf, e.index)}]"
+            return f"({x} != 0)" if e.dtype == torch.bool else x
         self.params.setdefault(e.buf, False)
         x = f"{e.buf}[{body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
+        if dt == torch.bool:
+            return f"({x} != 0)"
         return f"bf2f({x})" if dt == torch.bfloat16 else (f"(float){x}" if dt == torch.float16
                                                             else x)
 
@@ -194,15 +210,22 @@ class KernelPrinter:
             v = f"({STORAGE[dt]})({v})"
         body.emit(f"{target} = {v};")
 
+    def _scratch_slot(self, body: Body, buf: str, index) -> str:
+        """Where `buf[index]` lives in the buffer's scratch array (lane-major with lanes)."""
+        b = self.g.buffers[buf]
+        h = within_outer(index, self.osyms, b.stride, b.shape)
+        assert h is not None, f"trainc cpp: scratch read of {buf} leaves its outer iteration"
+        return f"{body.index(h)} * {self.lanes} + j" if self.lanes else body.index(h)
+
     # -- kernel ---------------------------------------------------------------------------
     def source(self) -> str:
-        osyms = ir.symbols("o", self.k.outer)
+        osyms = self.osyms
         body = Body(self, "    ")
         if self.k.kind == "scatter":
             self._scatter(body, self.k.nodes[0])
         else:
-            for lp in self.k.loops:
-                self._loop(body, lp, osyms)
+            for lp, shape in zip(self.k.loops, self.shapes):
+                self._loop(body, lp, osyms, shape)
         return self._wrap(osyms, body)
 
     def _wrap(self, osyms, body: Body) -> str:
@@ -213,51 +236,87 @@ class KernelPrinter:
         lines = [f'extern "C" void {self.k.name}({params}) {{']
         if on == 0:
             return "\n".join(lines + ["}"])
+        w = self.lanes or 1
         if osyms and on > 1:
             work = sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * on
             if work >= PARALLEL_WORK:
                 lines.append("  #pragma omp parallel for")
-            lines.append(f"  for (int64_t o = 0; o < {on}; ++o) {{")
-            stride = ir.contiguous_strides(self.k.outer)
-            for s, st, n in zip(osyms, stride, self.k.outer):
-                lines.append(f"    const int64_t {s.name} = (o / {st}) % {n};")
+            shape = list(self.k.outer[:-1]) + [self.k.outer[-1] // w]
+            lines.append(f"  for (int64_t o = 0; o < {on // w}; ++o) {{")
+            for i, (s, st, n) in enumerate(zip(osyms, ir.contiguous_strides(shape), shape)):
+                if i == len(osyms) - 1 and self.lanes:
+                    lines.append(f"    const int64_t lane0 = ((o / {st}) % {n}) * {w};")
+                else:
+                    lines.append(f"    const int64_t {s.name} = (o / {st}) % {n};")
         else:
             lines.append("  {")
             for s in osyms:
                 lines.append(f"    const int64_t {s.name} = 0;")
+        for b in sorted(self.k.scratch):  # one outer iteration of each kernel-internal buffer
+            buf = self.g.buffers[b]
+            n = _numel(buf.shape[len(self.k.outer):]) * w
+            t = STORAGE[buf.dtype] if buf.dtype == torch.bool else ctype(buf.dtype)
+            lines.append(f"    alignas(64) {t} {b}_s[{n}];")
+        for r in self.reuse:  # expensive values an earlier loop computed for later ones
+            n = _numel(self.shapes[r.first][2])
+            lines.append(f"    alignas(64) {ctype(r.expr.dtype)} {r.name}[{n}];")
         lines += body.lines
         lines += ["  }", "}"]
         return "\n".join(lines)
 
-    def _loop(self, outer: Body, lp: Loop, osyms) -> None:
-        isyms = ir.symbols("i", lp.inner)
+    def _loop(self, outer: Body, lp: Loop, osyms, shape) -> None:
+        isyms, dims, extents = shape
         reds = [n for n in lp.steps if n.kind == "reduction"]
         accs = {n.name: self._acc_init(outer, n) for n in reds}
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
-        ind = outer.indent
-        for d, (s, size) in enumerate(zip(isyms, lp.inner)):
-            if d == len(isyms) - 1 and simd:
+        for d, (s, size) in enumerate(zip(isyms, extents)):
+            if d == len(isyms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
             outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
-        inner = Body(self, ind + "  " * (len(isyms) + 1) if isyms else ind + "  ")
-        inner.lines = outer.lines
-        if not isyms:
+        depth = len(isyms)
+        if self.lanes:  # innermost: the lanes of the last outer dim, independent accumulators
+            self._open_lanes(outer, "  " * depth, simd)
+            depth += 1
+        elif not isyms:
             outer.emit("{")
+        inner = Body(self, outer.indent + "  " * (max(depth, 1) + 1))
+        inner.lines = outer.lines
+        k = self.k.loops.index(lp)
+        slot = index_code(ir.linear(isyms, ir.contiguous_strides(extents))) if isyms else "0"
+        for r in self.reuse:
+            if k in r.later:
+                inner.memo[r.expr] = f"{r.name}[{slot}]"
         saved = dict(self.values)
         for n in lp.steps:
             if n.kind == "pointwise":
-                v = inner.value(n.fn(osyms + isyms))
-                if n.name not in self.k.local:
-                    b = self.g.buffers[n.name]
-                    self.store(inner, n, inner.index(ir.linear(osyms + isyms, b.stride)), v)
-                self.keep(inner, n.name, v)
+                self._pointwise(inner, n, osyms, dims)
             else:
-                self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), isyms, lp.inner)
+                self._accumulate(inner, n, accs[n.name], self.exprs[n.name], isyms, lp.inner)
+        for r in self.reuse:
+            if r.first == k:
+                inner.emit(f"{r.name}[{slot}] = {inner.value(r.expr)};")
         self.values = saved
-        for d in range(max(len(isyms), 1)):
-            outer.emit("  " * (max(len(isyms), 1) - 1 - d) + "}")
+        for d in range(max(depth, 1)):
+            outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
+
+    def _open_lanes(self, body: Body, ind: str, simd: bool) -> None:
+        last = self.osyms[-1].name
+        if simd:
+            body.emit(ind + "#pragma omp simd")
+        body.emit(f"{ind}for (int64_t j = 0; j < {self.lanes}; ++j) {{")
+        body.emit(f"{ind}  const int64_t {last} = lane0 + j;")
+
+    def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms) -> None:
+        v = body.value(self.exprs[n.name])
+        b = self.g.buffers[n.name]
+        index = ir.linear(osyms + isyms, b.stride)
+        if n.name in self.k.scratch:
+            body.emit(f"{n.name}_s[{self._scratch_slot(body, n.name, index)}] = {v};")
+        elif n.name not in self.k.local:
+            self.store(body, n, body.index(index), v)
+        self.values[n.name] = v
 
     def _acc_init(self, body: Body, n: ComputeNode) -> list[str]:
         e_dtype = _expr_dtype(n)
@@ -265,15 +324,20 @@ class KernelPrinter:
         acc = self.tmp()
         op = n.reduce_op
         if op in ("sum", "prod"):
-            body.emit(f"{t} {acc} = {t}({0 if op == 'sum' else 1});")
-            return [acc]
-        if op in ("max", "min"):
-            init = _extreme(e_dtype, op == "max")
-            body.emit(f"{t} {acc} = {init}; bool {acc}n = false;")
-            return [acc, acc + "n"]
-        init = _extreme(e_dtype, op == "argmax")
-        body.emit(f"{t} {acc} = {init}; int64_t {acc}i = 0;")
-        return [acc, acc + "i"]
+            vars_ = [(t, acc, f"{t}({0 if op == 'sum' else 1})")]
+        elif op in ("max", "min"):
+            # an int flag, not bool: GCC has no vector type for bool and would keep it scalar
+            vars_ = [(t, acc, _extreme(e_dtype, op == "max")), ("int", acc + "n", "0")]
+        else:
+            vars_ = [(t, acc, _extreme(e_dtype, op == "argmax")), ("int64_t", acc + "i", "0")]
+        if not self.lanes:
+            body.emit(" ".join(f"{ty} {v} = {init};" for ty, v, init in vars_))
+            return [v for _, v, _ in vars_]
+        w = self.lanes
+        body.emit(" ".join(f"{ty} {v}[{w}];" for ty, v, _ in vars_) +
+                  f" for (int64_t j = 0; j < {w}; ++j) {{ " +
+                  " ".join(f"{v}[j] = {init};" for _, v, init in vars_) + " }")
+        return [f"{v}[j]" for _, v, _ in vars_]
 
     def _accumulate(self, body: Body, n: ComputeNode, acc, e, isyms, inner) -> None:
         v = body.value(e)
@@ -297,15 +361,27 @@ class KernelPrinter:
         t = ctype(_expr_dtype(n))
         if n.reduce_op in ("max", "min"):
             nan = f"std::numeric_limits<{t}>::quiet_NaN()" if t in ("float", "double") else acc[0]
-            body.emit(f"const {t} {final} = {acc[1]} ? {nan} : {acc[0]};")
+            value = f"{acc[1]} ? {nan} : {acc[0]}"
         elif n.reduce_op in ("argmax", "argmin"):
-            body.emit(f"const int64_t {final} = {acc[1]};")
+            t, value = "int64_t", acc[1]
         else:
-            body.emit(f"const {t} {final} = {acc[0]};")
-        self.keep(body, n.name, final)
+            value = acc[0]
+        dt = self.g.buffers[n.name].dtype
+        if dt in (torch.bfloat16, torch.float16):  # later steps read it as stored: rounded
+            value = cast_code(value, dt, dt)
+        if self.lanes:
+            body.emit(f"{t} {final}[{self.lanes}];")
+            self._open_lanes(body, "", True)
+            body.emit(f"  {final}[j] = {value};")
+            final += "[j]"
+        else:
+            body.emit(f"const {t} {final} = {value};")
+        self.values[n.name] = final
         if n.name not in self.k.local:
             b = self.g.buffers[n.name]
             self.store(body, n, index_code(ir.linear(osyms, b.stride)), final)
+        if self.lanes:
+            body.emit("}")
 
     def _scatter(self, body: Body, n: ComputeNode) -> None:
         out = self.g.buffers[n.name]
