@@ -51,6 +51,9 @@ class ComputeNode:
     init: Optional[Callable] = None
     index: Optional[Callable] = None
     origins: tuple[str, ...] = ()
+    # compile_step with a budget tags forward (0) and backward (1) nodes; kernels never mix
+    # them, or a value recomputed for the backward would be fused back into the forward
+    region: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class GraphLowering:
             return v
         name = self.new_buffer(v.shape, v.dtype, "compute")
         self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
-                                        origins=self._origin()))
+                                        origins=self._origin(), region=self._region()))
         return self.load(name)
 
     def reduction(self, shape, rshape, reduce_op: str, dtype, fn: Callable) -> TensorValue:
@@ -114,14 +117,14 @@ class GraphLowering:
         name = self.new_buffer(shape, dtype, "compute")
         self.g.steps.append(ComputeNode(name, "reduction", tuple(shape), dtype, fn,
                                         tuple(int(s) for s in rshape), reduce_op,
-                                        origins=self._origin()))
+                                        origins=self._origin(), region=self._region()))
         return self.load(name)
 
     def scatter(self, shape, dtype, init: Callable, vshape, fn: Callable, index: Callable,
                 mode: str) -> TensorValue:
         name = self.new_buffer(shape, dtype, "compute")
         self.g.steps.append(ComputeNode(name, "scatter", tuple(shape), dtype, fn, tuple(vshape),
-                                        mode, init, index, self._origin()))
+                                        mode, init, index, self._origin(), self._region()))
         return self.load(name)
 
     def load(self, name: str) -> TensorValue:
@@ -162,6 +165,9 @@ class GraphLowering:
 
     def _origin(self) -> tuple[str, ...]:
         return (self.node.name,) if self.node is not None else ()
+
+    def _region(self) -> int:
+        return self.node.meta.get("trainc_region", 0) if self.node is not None else 0
 
     # -- the walk -------------------------------------------------------------------------
     def run(self, lowerings: dict, is_extern: Callable) -> LoweredGraph:

@@ -130,6 +130,8 @@ class _Builder:
 
     def _legal(self, k: int, n: ComputeNode) -> bool:
         kern = self.items[k]
+        if kern.nodes and kern.nodes[0].region != n.region:
+            return False
         outer = _join_outer(kern, n)
         if outer is False:
             return False
