@@ -101,6 +101,8 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
 
 @register(aten.scatter_add.default)
 def scatter_add(ctx, node, x, dim, index, src):
+    if not x.shape:  # 0-d: no dim to index (cummax backward of a scalar); ATen runs it
+        return NotImplemented
     out = node.meta["val"]
     dim = norm_dim(dim, len(x.shape))
     stride = ir.contiguous_strides(out.shape)

@@ -172,6 +172,14 @@ def test_sign_of_nan_is_zero(backend):
 
 
 @needs_cpp
+def test_cpp_cummax_of_0d_tensor():
+    """Was an OpInfo sweep failure: scatter_add of a 0-d tensor (cummax backward) indexed a
+    dim it does not have; now an ATen fallback."""
+    assert_grads_match(lambda x: torch.cummax(x, 0)[0], [torch.tensor(3.0, requires_grad=True)],
+                       backend="cpp")
+
+
+@needs_cpp
 def test_cpp_softmax_of_0d_tensor():
     """Was a fuzz failure; fixed."""
     def program(x0):
