@@ -14,6 +14,7 @@ from trainc.codegen.cpp.printer import kernel_source
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
+from trainc.codegen.storage import plan_storage
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
@@ -29,6 +30,7 @@ class CppBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
         sched = schedule(lower(gm, LOWERINGS, is_extern))
+        plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources, params = [], {}
         for k in kernels:
@@ -51,7 +53,7 @@ class CppBackend:
         return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"cpp": cpp, "library": path, "cache_hit": hit,
-                              "seconds": time.perf_counter() - t0})
+                              "seconds": time.perf_counter() - t0, **wrapper.stats})
 
 
 class _Kernels:

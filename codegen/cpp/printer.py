@@ -155,6 +155,9 @@ class KernelPrinter:
         self.params: dict[str, bool] = {}  # buffer -> written
         self.values: dict[str, str] = {}  # buffer -> C var holding its value here
         self._tmp = 0
+        # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
+        # one pointer, so __restrict__ stays true
+        self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -163,16 +166,18 @@ class KernelPrinter:
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
-        self.params.setdefault(e.buf, False)
-        x = f"{e.buf}[{body.index(e.index)}]"
+        param = self.rename.get(e.buf, e.buf)
+        self.params.setdefault(param, False)
+        x = f"{param}[{body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
         return f"bf2f({x})" if dt == torch.bfloat16 else (f"(float){x}" if dt == torch.float16
                                                             else x)
 
     def store(self, body: Body, n: ComputeNode, index: str, v: str, op: str = "=") -> None:
-        self.params[n.name] = True
+        param = self.rename.get(n.name, n.name)
+        self.params[param] = True
         dt = n.dtype
-        target = f"{n.name}[{index}]"
+        target = f"{param}[{index}]"
         if op == "+=":
             cur = f"bf2f({target})" if dt == torch.bfloat16 else target
             v = f"({cur} + {v})"

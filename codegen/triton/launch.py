@@ -131,15 +131,18 @@ class Launcher:
         if found is not None:
             return LaunchConfig(**found)
         cands = candidates(self.ks)
-        best = cands[0] if len(cands) == 1 else min(cands, key=lambda c: self._time(c, args))
+        # timing re-runs the kernel: buffers it updates in place are timed on copies
+        scratch = tuple(a.clone() if p in self.ks.inplace else a
+                        for p, a in zip(self.ks.params, args))
+        best = cands[0] if len(cands) == 1 else min(cands, key=lambda c: self._time(c, scratch))
         entries = _read(path)
         entries[device] = asdict(best)
         _write(path, entries)
         return best
 
     def _time(self, c: LaunchConfig, args) -> float:
-        """Median ms of a few launches (a kernel's outputs never alias its inputs: re-runs
-        are harmless); a config that fails to compile is never chosen."""
+        """Median ms of a few launches (on copies of in-place buffers: re-runs are harmless);
+        a config that fails to compile is never chosen."""
         try:
             self._launch(c, args)
             torch.cuda.synchronize()

@@ -29,6 +29,7 @@ class KernelSource:
     xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
     rnumel: int  # 2d: largest row; scatter: scattered values
     rblock: int  # 2d persistent: the tile width; 0 when looped
+    inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
 
 
 def next_pow2(n: int) -> int:
@@ -39,6 +40,9 @@ class KernelPrinter:
     def __init__(self, kern: Kernel, g: LoweredGraph):
         self.k, self.g = kern, g
         self.params: dict[str, bool] = {}
+        self.loaded: set[str] = set()
+        # an in-place result is stored into the buffer it overwrites (codegen/storage.py)
+        self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
         self.values: dict[str, str] = {}  # buffer -> variable holding its value in this tile
         self.axes: dict[str, frozenset] = {}
         self.sym_axes: dict = {}
@@ -76,28 +80,34 @@ class KernelPrinter:
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
-        self.params.setdefault(e.buf, False)
+        param = self.rename.get(e.buf, e.buf)
+        self.params.setdefault(param, False)
+        self.loaded.add(param)
         idx = body.index(e.index)
         m = self.mask(body.axes_of(e.index))
-        code = f"tl.load({e.buf} + {idx}" + (f", mask={m}, other=0)" if m else ")")
+        code = f"tl.load({param} + {idx}" + (f", mask={m}, other=0)" if m else ")")
         if self.g.buffers[e.buf].dtype in (torch.bfloat16, torch.float16):
             code += ".to(tl.float32)"
         return code
 
     def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
               atomic: bool = False) -> None:
-        self.params[buf] = True
         dt = TL[self.g.buffers[buf].dtype]
+        buf = self.rename.get(buf, buf)
+        self.params[buf] = True
         f = "tl.atomic_add" if atomic else "tl.store"
         body.emit(f"{f}({buf} + {idx} + {zeros}, {v}.to({dt}), mask={mask})")
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
         if self.mode == "scatter":
-            return self._scatter()
-        if self.mode == "1d":
-            return self._pointwise()
-        return self._tiled()
+            ks = self._scatter()
+        elif self.mode == "1d":
+            ks = self._pointwise()
+        else:
+            ks = self._tiled()
+        both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
+        return dataclasses.replace(ks, inplace=both)
 
     def _header(self, name: str, body: Body, n: int, extra: str = "") -> list[str]:
         params = ", ".join(self.params)
