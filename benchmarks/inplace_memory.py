@@ -2,7 +2,11 @@
 scale cpu: trainc.compile (loss and backward outside) and trainc.compile_step (AdamW), per
 backend; plus whether compile_step kept the parameters' storage.
 
-    python benchmarks/inplace_memory.py [--backends cpp,triton] [--modes compile,step] [names...]
+    python benchmarks/inplace_memory.py [--backends cpp,triton] [--modes compile,step]
+        [--no-inplace] [names...]
+
+--no-inplace ignores every storage hint (in-place results get fresh buffers: the behaviour
+before codegen/storage.py), for a before/after comparison.
 """
 from __future__ import annotations
 
@@ -48,9 +52,20 @@ def measure(name: str, backend: str, mode: str) -> dict:
     peak = _peak(run, torch.device("cpu"))
     state = [t for s in getattr(locals().get("opt"), "state", {}).values() for t in s.values()
              if isinstance(t, torch.Tensor) and t.dim() > 0]
-    return {"model": name, "backend": backend, "mode": mode, "peak_MiB": peak / 2**20,
-            "params_MiB": _bytes(params) / 2**20, "state_MiB": _bytes(state) / 2**20,
+    return {"model": name, "backend": backend, "mode": mode, "peak_MiB": round(peak / 2**20, 2),
+            "params_MiB": round(_bytes(params) / 2**20, 2),
+            "state_MiB": round(_bytes(state) / 2**20, 2),
             "params_kept": [p.data_ptr() for p in params] == ptrs}
+
+
+def _ignore_hints() -> None:
+    import trainc.codegen.cpp as cpp
+    import trainc.codegen.triton as tri
+
+    def none(sched):
+        sched.graph.storage = {}
+        return {}
+    cpp.plan_storage = tri.plan_storage = none
 
 
 def main() -> None:
@@ -58,7 +73,10 @@ def main() -> None:
     ap.add_argument("names", nargs="*", default=list(models.NAMES))
     ap.add_argument("--backends", default="cpp,triton")
     ap.add_argument("--modes", default="compile,step")
+    ap.add_argument("--no-inplace", action="store_true")
     a = ap.parse_args()
+    if a.no_inplace:
+        _ignore_hints()
     for backend in a.backends.split(","):
         if backend == "triton":
             os.environ.setdefault("TRITON_INTERPRET", "1")

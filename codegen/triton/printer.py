@@ -408,6 +408,37 @@ def _sign(a):
 
 
 @triton.jit
+def _ipow(a, b):
+    # interpreter only (no libdevice there): C pow's sign and special cases around exp2/log2;
+    # nested where, not &: the interpreter cannot broadcast & between 0-d and tile operands
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    odd = (b - 2 * tl.floor(b * 0.5)) != 0
+    r = tl.where(a < 0, tl.where(tl.floor(b) == b, tl.where(odd, -r, r), float('nan')), r)
+    r = tl.where(b == 0, 1.0, r)
+    return tl.where(a == 1, 1.0, r)
+
+
+@triton.jit
+def _itan(x):
+    return tl.sin(x) / tl.cos(x)
+
+
+@triton.jit
+def _isinh(x):
+    return (_expm1(x) - _expm1(-x)) * 0.5
+
+
+@triton.jit
+def _icosh(x):
+    return (tl.exp(x) + tl.exp(-x)) * 0.5
+
+
+@triton.jit
+def _ierfc(x):
+    return 1.0 - tl.erf(x)
+
+
+@triton.jit
 def _prod(a, b):
     return a * b
 
