@@ -55,9 +55,10 @@ class _Writer:
         self.live = self.peak = self.fresh = 0
         self.last = self._last_uses()
         self.keep = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
-        # A fallback op may return a view of its input: such buffers are never reused.
-        self.keep |= {b for it in sched.items if isinstance(it, CallNode) and
-                      it.kind == "fallback" for b in self._reads(it)}
+        # A fallback op may return a view of its input: such buffers are freed, never reused.
+        self.no_pool = {b for it in sched.items if isinstance(it, CallNode) and
+                        it.kind == "fallback" for b in self._reads(it)}
+        self.wanted = self._future_allocs()
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -68,6 +69,28 @@ class _Writer:
             for b in self._reads(item):
                 last[b] = k
         return last
+
+    def _future_allocs(self) -> list[dict[tuple, int]]:
+        """Per item k: how many pool-able allocations of each key come after it (a dead buffer
+        no later allocation can reuse is freed at once instead of pooled)."""
+        out: list[dict[tuple, int]] = [{} for _ in self.s.items]
+        acc: dict[tuple, int] = {}
+        for k in range(len(self.s.items) - 1, -1, -1):
+            out[k] = dict(acc)
+            for b in self._allocates(self.s.items[k]):
+                key = _pool_key(self.g.buffers[b])
+                if key[2]:  # only contiguous allocations take pooled buffers
+                    acc[key] = acc.get(key, 0) + 1
+        return out
+
+    def _allocates(self, item) -> list[str]:
+        if isinstance(item, Kernel):
+            names = [n.name for n in item.nodes if n.name not in item.local]
+        elif OUT_VARIANTS.get(item.target) is not None and not item.kwargs:
+            names = [item.outputs[0]]
+        else:
+            names = []
+        return [b for b in names if b not in self.storage]
 
     def _reads(self, item) -> list[str]:
         if isinstance(item, Kernel):
@@ -80,7 +103,7 @@ class _Writer:
         if name in self.storage:
             self._take(name)
             return
-        key = (b.nbytes, b.dtype, b.stride == _contig(b.shape))
+        key = _pool_key(b)
         if key[2] and self.pool.get(key):
             old = self.pool[key].pop()
             self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
@@ -109,9 +132,11 @@ class _Writer:
                       - set(self.g.inputs) - set(self.g.consts) - self.claimed)
         for b in dead:
             buf = self.g.buffers[b]
-            if b in self.ours:
-                self.pool.setdefault((buf.nbytes, buf.dtype, buf.stride == _contig(buf.shape)),
-                                     []).append(b)
+            key = _pool_key(buf)
+            pooled = self.pool.setdefault(key, [])
+            if b in self.ours and b not in self.no_pool and \
+                    len(pooled) < self.wanted[k].get(key, 0):
+                pooled.append(b)
             else:
                 self.emit(f"del {b}")
                 if buf.kind in ("compute", "call") and not self._overwrote(b):
@@ -211,6 +236,10 @@ def _returns_tuple(target) -> bool:
     return schema is not None and len(schema.returns) > 1 or (
         schema is not None and len(schema.returns) == 1 and
         str(schema.returns[0].type).startswith(("Tensor[]", "List")))
+
+
+def _pool_key(b: Buffer) -> tuple:
+    return (b.nbytes, b.dtype, b.stride == _contig(b.shape))
 
 
 def _contig(shape) -> tuple:
