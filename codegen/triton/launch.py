@@ -1,4 +1,5 @@
-"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call.
+"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call;
+split kernels (split.py) launch their stages in order with per-call scratch buffers.
 
 Tuning results live on disk keyed by (kernel source hash, device name); TRITON_INTERPRET and CPU
 tensors, or `triton_autotune=False`, use the heuristic config and never tune.
@@ -58,6 +59,8 @@ def load_module(source: str, config: Config):
 
 
 def heuristic(ks: KernelSource) -> LaunchConfig:
+    if ks.mode == "split":
+        return LaunchConfig(1, 2048, 8)
     if ks.mode in ("1d", "scatter"):
         x = min(1024, next_pow2(max(ks.xnumel, ks.rnumel, 1)))
         return LaunchConfig(max(x, 16), 0, 4 if x <= 1024 else 8)
@@ -72,7 +75,9 @@ def candidates(ks: KernelSource) -> list[LaunchConfig]:
     h = heuristic(ks)
     if ks.mode == "scatter":
         return [h]
-    if ks.mode == "1d":
+    if ks.mode == "split":
+        out = [LaunchConfig(1, 1024, 4), LaunchConfig(1, 4096, 8)]
+    elif ks.mode == "1d":
         out = [LaunchConfig(x, 0, w) for x, w in ((512, 4), (1024, 4), (2048, 8), (4096, 8))
                if x <= 2 * next_pow2(ks.xnumel)]
     elif ks.rblock:
@@ -93,8 +98,9 @@ class Launcher:
                  device: Optional[torch.device] = None):
         self.ks, self.config, self.interpret = ks, config, interpret
         self.cuda = device is not None and device.type == "cuda"
-        self.fn = getattr(module, ks.name)
+        self.fn = getattr(module, ks.name, None)  # split kernels have stage functions only
         self.init = getattr(module, ks.name + "_init", None)
+        self.stages = [(getattr(module, st.fn), st.programs) for st in ks.stages]
         self.cfg: Optional[LaunchConfig] = None
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
 
@@ -118,6 +124,13 @@ class Launcher:
             return
         if c.RBLOCK:
             kw["RBLOCK"] = c.RBLOCK
+        if ks.mode == "split":
+            dev = args[0].device  # on CUDA every argument is on the GPU by now
+            args = tuple(args) + tuple(torch.empty(s.numel, dtype=s.dtype, device=dev)
+                                       for s in ks.scratch)
+            for fn, programs in self.stages:
+                fn[(programs,)](*args, **kw)
+            return
         self.fn[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
 
     def _choose(self, args) -> LaunchConfig:

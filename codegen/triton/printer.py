@@ -14,6 +14,7 @@ from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
 from trainc.codegen.triton.exprs import TL, Body, compute, index_code, literal, tl_compute
+from trainc.codegen.triton.split import split_source, splittable
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -30,6 +31,8 @@ class KernelSource:
     rnumel: int  # 2d: largest row; scatter: scattered values
     rblock: int  # 2d persistent: the tile width; 0 when looped
     inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
+    stages: tuple = ()  # split: (split.Stage, ...) launched in order
+    scratch: tuple = ()  # split: (split.Scratch, ...) allocated per call, passed after params
 
 
 def next_pow2(n: int) -> int:
@@ -43,6 +46,8 @@ class KernelPrinter:
         self.loaded: set[str] = set()
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py)
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
+        self.rename_loads: dict[str, str] = {}  # split: reduction results read from scratch
+        self.scratch_dtype: dict[str, torch.dtype] = {}
         self.values: dict[str, str] = {}  # buffer -> variable holding its value in this tile
         self.axes: dict[str, frozenset] = {}
         self.sym_axes: dict = {}
@@ -61,7 +66,7 @@ class KernelPrinter:
         key = (repr(e.value), e.dtype)
         if key not in self.consts:
             name = f"c{len(self.consts)}"
-            shape = "[1]" if self.mode != "2d" else "[1, 1]"
+            shape = "[1]" if self.mode not in ("2d", "split") else "[1, 1]"
             self.const_lines.append(
                 f"    {name} = tl.full({shape}, {literal(e.value, e.dtype)}, "
                 f"{tl_compute(e.dtype)})")
@@ -71,7 +76,7 @@ class KernelPrinter:
     def mask(self, axes: frozenset):
         if not axes:
             return None
-        if self.mode != "2d":
+        if self.mode not in ("2d", "split"):
             return "xmask"
         if axes == {"x"}:
             return "xmask"
@@ -80,11 +85,13 @@ class KernelPrinter:
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
+        idx = body.index(e.index)
+        m = self.mask(body.axes_of(e.index))
+        if e.buf in self.rename_loads:  # kept in compute precision: no conversion
+            return f"tl.load({self.rename_loads[e.buf]} + {idx})"
         param = self.rename.get(e.buf, e.buf)
         self.params.setdefault(param, False)
         self.loaded.add(param)
-        idx = body.index(e.index)
-        m = self.mask(body.axes_of(e.index))
         code = f"tl.load({param} + {idx}" + (f", mask={m}, other=0)" if m else ")")
         if self.g.buffers[e.buf].dtype in (torch.bfloat16, torch.float16):
             code += ".to(tl.float32)"
@@ -104,6 +111,11 @@ class KernelPrinter:
             ks = self._scatter()
         elif self.mode == "1d":
             ks = self._pointwise()
+        elif self.mode == "split":
+            funcs, stages, scratch = split_source(self)
+            ks = KernelSource(self.k.name, "\n".join(funcs).rstrip(), tuple(self.params), "split",
+                              1, max(_numel(lp.inner) for lp in self.k.loops), 0, (),
+                              tuple(stages), tuple(scratch))
         else:
             ks = self._tiled()
         both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
@@ -307,6 +319,8 @@ class KernelPrinter:
 def _mode(kern: Kernel) -> str:
     if kern.kind == "scatter":
         return "scatter"
+    if splittable(kern):
+        return "split"
     if len(kern.loops) == 1 and all(n.kind == "pointwise" for n in kern.loops[0].steps):
         return "1d"
     return "2d"
