@@ -46,8 +46,10 @@ class TritonBackend:
         funcs, path = _Kernels(), ""
         if kernels:
             mod, path = load_module(module_src, self.config)
-            for s in sources:
-                setattr(funcs, s.name, Launcher(s, mod, self.config, interpret, device))
+            for s, k in zip(sources, kernels):
+                launcher = Launcher(s, mod, self.config, interpret, device)
+                launcher.info = k.info
+                setattr(funcs, s.name, launcher)
         wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
                                 device=device)
         fallbacks = sorted({str(c.target) for c in sched.items

@@ -6,14 +6,16 @@ tensors, or `triton_autotune=False`, use the heuristic config and never tune.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -22,6 +24,25 @@ from trainc.config import Config
 
 _modules: dict[str, object] = {}
 _lock = threading.Lock()
+_timing: Optional[dict] = None  # inside profile_kernels(): Launcher -> [(start, end), ...]
+
+
+@contextlib.contextmanager
+def profile_kernels() -> Iterator[dict]:
+    """Time every kernel launch in the block (CUDA events on GPU, wall clock otherwise); on
+    exit the yielded dict maps each Launcher (its `.info`: KernelInfo) to a list of ms."""
+    global _timing
+    out: dict = {}
+    _timing = {}
+    try:
+        yield out
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        for launcher, pairs in _timing.items():
+            out[launcher] = [e - s if isinstance(s, float) else s.elapsed_time(e)
+                             for s, e in pairs]
+        _timing = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,7 @@ class Launcher:
         self.stages = [(getattr(module, st.fn), st.programs) for st in ks.stages]
         self.cfg: Optional[LaunchConfig] = None
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
+        self.info = None  # the scheduler's KernelInfo (bytes it must move), set by the backend
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.xnumel == 0 and self.ks.mode != "scatter":
@@ -111,7 +133,19 @@ class Launcher:
             args = tuple(a.to("cuda", non_blocking=True) if not a.is_cuda else a for a in args)
         if self.cfg is None:
             self.cfg = self._choose(args)
-        self._launch(self.cfg, args)
+        if _timing is None:
+            self._launch(self.cfg, args)
+            return
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._launch(self.cfg, args)
+            end.record()
+        else:
+            start = time.perf_counter() * 1e3
+            self._launch(self.cfg, args)
+            end = time.perf_counter() * 1e3
+        _timing.setdefault(self, []).append((start, end))
 
     def _launch(self, c: LaunchConfig, args) -> None:
         ks = self.ks
