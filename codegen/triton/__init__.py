@@ -15,7 +15,7 @@ from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.storage import plan_storage
-from trainc.codegen.triton.launch import Launcher, load_module
+from trainc.codegen.triton.launch import Launcher, load_module, precompile
 from trainc.codegen.triton.printer import PRELUDE, kernel_source
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
@@ -43,13 +43,17 @@ class TritonBackend:
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
         module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)
-        funcs, path = _Kernels(), ""
+        funcs, path, precompiled = _Kernels(), "", 0
         if kernels:
             mod, path = load_module(module_src, self.config)
             for s, k in zip(sources, kernels):
                 launcher = Launcher(s, mod, self.config, interpret, device)
                 launcher.info = k.info
+                launcher.dtypes = tuple(sched.graph.buffers[b].dtype for b in s.params)
                 setattr(funcs, s.name, launcher)
+            if device.type == "cuda" and not interpret:
+                precompiled = precompile(list(vars(funcs).values()),
+                                         self.config.triton_compile_workers)
         wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
                                 device=device)
         fallbacks = sorted({str(c.target) for c in sched.items
@@ -59,7 +63,8 @@ class TritonBackend:
         return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"triton": module_src, "module": path, "device": str(device),
-                              "seconds": time.perf_counter() - t0, **wrapper.stats})
+                              "seconds": time.perf_counter() - t0, "precompiled": precompiled,
+                              **wrapper.stats})
 
 
 class _Kernels:

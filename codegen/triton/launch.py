@@ -7,6 +7,7 @@ tensors, or `triton_autotune=False`, use the heuristic config and never tune.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -125,6 +126,7 @@ class Launcher:
         self.cfg: Optional[LaunchConfig] = None
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
         self.info = None  # the scheduler's KernelInfo (bytes it must move), set by the backend
+        self.dtypes: Optional[tuple] = None  # param dtypes (for precompile), set by the backend
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.xnumel == 0 and self.ks.mode != "scatter":
@@ -146,6 +148,28 @@ class Launcher:
             self._launch(self.cfg, args)
             end = time.perf_counter() * 1e3
         _timing.setdefault(self, []).append((start, end))
+
+    def warmups(self) -> list:
+        """Callables compiling this kernel for the configs its first call may launch (the
+        tuned one when cached on disk, else every candidate, or the heuristic untuned)."""
+        if not self.cuda or self.dtypes is None:
+            return []
+        found = _read(os.path.join(cache_dir(self.config), f"tune_{self.key}.json")).get(
+            torch.cuda.get_device_name())
+        if found is not None:
+            configs = [LaunchConfig(**found)]
+        else:
+            configs = candidates(self.ks) if self.config.triton_autotune else \
+                [heuristic(self.ks)]
+        fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn) if f is not None]
+        dtypes = list(self.dtypes) + [s.dtype for s in self.ks.scratch]
+        jobs = []
+        for c in configs:
+            kw = {"XBLOCK": c.XBLOCK, "num_warps": c.num_warps, "num_stages": c.num_stages}
+            if c.RBLOCK or self.ks.mode == "split":
+                kw["RBLOCK"] = c.RBLOCK
+            jobs += [functools.partial(f.warmup, *dtypes, grid=(1,), **kw) for f in fns]
+        return jobs
 
     def _launch(self, c: LaunchConfig, args) -> None:
         ks = self.ks
@@ -205,6 +229,39 @@ class Launcher:
             end.synchronize()
             times.append(start.elapsed_time(end) / 3)
         return sorted(times)[len(times) // 2]
+
+
+def precompile(launchers: list, workers: int) -> int:
+    """Compile every kernel's launch configs concurrently before the first launch (first-call
+    latency: a graph has tens of kernels, each compiled serially at its first launch). Uses
+    Triton's AsyncCompileMode when present, else plain threads. Failures are ignored: that
+    kernel compiles at its first launch, as without this. Returns the compiles submitted."""
+    jobs = [j for launcher in launchers for j in launcher.warmups()]
+    if workers <= 1 or len(jobs) <= 1:
+        return 0
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        AsyncCompileMode = None
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
+            if AsyncCompileMode is not None:
+                with AsyncCompileMode(pool, ignore_errors=True):
+                    for job in jobs:
+                        job()
+            else:
+                list(pool.map(_quiet, jobs))
+    except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
+        return 0
+    return len(jobs)
+
+
+def _quiet(job) -> None:
+    try:
+        job()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _cdiv(a: int, b: int) -> int:

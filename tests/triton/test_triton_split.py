@@ -8,8 +8,7 @@ from trainc.codegen.triton import split
 
 
 def _big(*shape, dtype=torch.float32):
-    torch.manual_seed(0)
-    return torch.randn(*shape, dtype=dtype)
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
 
 
 def _split_kernels(c) -> int:
