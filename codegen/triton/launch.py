@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import tempfile
@@ -241,6 +242,9 @@ def precompile(launchers: list, workers: int) -> int:
         return 0
     try:
         from triton.runtime._async_compile import AsyncCompileMode
+        # older versions leave a failed compile's placeholder in the JIT cache: plain threads
+        if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
+            AsyncCompileMode = None
     except ImportError:
         AsyncCompileMode = None
     from concurrent.futures import ThreadPoolExecutor

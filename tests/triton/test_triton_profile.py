@@ -32,3 +32,27 @@ def test_suite_bandwidth_rows_rank_kernels_by_bytes():
     assert len(rows) == 1 and rows[0]["mb"] >= 2 * 256 * 64 * 4 / 1e6 - 1e-9
     text = suite.bandwidth_table([{"model": "m", "dtype": "float32", "bandwidth": rows}])
     assert "% of 4.3 TB/s" in text and rows[0]["kernel"] in text
+
+
+def test_precompile_runs_every_job_and_survives_failures():
+    from trainc.codegen.triton.launch import precompile
+    done = []
+
+    class Fake:
+        def __init__(self, n, fail=False):
+            self.n, self.fail = n, fail
+
+        def warmups(self):
+            def job(i):
+                if self.fail:
+                    raise RuntimeError("does not compile")
+                done.append((self.n, i))
+            return [lambda i=i: job(i) for i in range(2)]
+    assert precompile([Fake(0), Fake(1)], workers=4) == 4
+    assert sorted(done) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    precompile([Fake(2, fail=True), Fake(3)], workers=4)  # failures are left to the launch
+    assert precompile([Fake(4)], workers=1) == 0
+    x = torch.randn(8, device=DEVICE)
+    c = compile_triton(lambda x: (x * 2,), x)
+    if DEVICE == "cpu":
+        assert c.extra["precompiled"] == 0  # the interpreter compiles nothing
