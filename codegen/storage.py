@@ -5,8 +5,6 @@ the written position before the write (reinplacing was decided on the FX graph, 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
 from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, within_outer
@@ -131,11 +129,3 @@ def _scatter_ok(kern: Kernel, t: str, bt: Buffer) -> bool:
     s = ir.symbols("s", n.shape)
     return all(l.index - ir.linear(s, bt.stride) == 0
                for l in ir.loads(n.init(s)) if l.buf == t)
-
-
-def storage_root(plan: dict[str, str], buf: str) -> Optional[str]:
-    """The buffer whose allocation `buf` ends up in (following chains of taken storage)."""
-    seen = buf
-    while seen in plan:
-        seen = plan[seen]
-    return seen if seen != buf else None
