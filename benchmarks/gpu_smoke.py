@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-for bench in (os.path.join(HERE, "..", "..", "shared", "bench"), os.path.join(HERE, "..", "shared", "bench")):
+for bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
+              os.path.join(HERE, "..", "shared", "bench")):
     if os.path.isdir(bench):
         sys.path.insert(0, bench)
 
@@ -110,6 +111,55 @@ def dropout_mask(backend: str) -> None:
     torch.testing.assert_close(x.grad, (y.detach() != 0).float() * 2 / 0.6)
 
 
+def step_in_place(name: str, backend: str, scale: str) -> None:
+    """compile_step keeps parameters and AdamW state where they are (no second copy) and its
+    peak stays below eager's (foreach AdamW) one step."""
+    model, inputs, loss = models.build(name, "cuda", scale)
+    lf = lambda m, *b: loss(m(*b), b)
+    peaks = {}
+    for kind in ("eager", "trainc"):
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+        step = trainc.compile_step(m, lf, opt, backend=backend) if kind == "trainc" else None
+
+        def run():
+            if step is not None:
+                return step(*inputs)
+            l = lf(m, *inputs)
+            l.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        run()
+        run()
+        ptrs = [t.data_ptr() for t in m.parameters()] + \
+            [t.data_ptr() for s in opt.state.values() for t in s.values()]
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        peaks[kind] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        now = [t.data_ptr() for t in m.parameters()] + \
+            [t.data_ptr() for s in opt.state.values() for t in s.values()]
+        assert now == ptrs, f"{kind}: parameters or optimizer state moved"
+    print(f"  step peak MiB above start: {peaks}", flush=True)
+    assert peaks["trainc"] <= peaks["eager"] * 1.05, peaks
+
+
+def cudagraph_step(backend: str) -> None:
+    model, inputs, loss = models.build("mlp", "cuda", "cpu")
+    lf = lambda m, *b: loss(m(*b), b)
+    ma, mb = copy.deepcopy(model), copy.deepcopy(model)
+    sa = trainc.compile_step(ma, lf, torch.optim.AdamW(ma.parameters(), lr=1e-3),
+                             backend=backend, cudagraphs=True)
+    sb = trainc.compile_step(mb, lf, torch.optim.AdamW(mb.parameters(), lr=1e-3),
+                             backend=backend)
+    for _ in range(5):
+        torch.testing.assert_close(sa(*inputs), sb(*inputs))
+    for p, q in zip(ma.parameters(), mb.parameters()):
+        torch.testing.assert_close(p, q)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="aten")
@@ -119,6 +169,10 @@ def main() -> None:
     for name in models.NAMES:
         check(f"grads {name} {a.scale}", lambda: grads_match(name, a.backend, a.scale))
         check(f"compile_step {name} {a.scale}", lambda: step_matches(name, a.backend, a.scale))
+    for name in models.NAMES:
+        check(f"compile_step in place {name} {a.scale}",
+              lambda: step_in_place(name, a.backend, a.scale))
+    check("compile_step cudagraphs mlp", lambda: cudagraph_step(a.backend))
     check("compile_step autocast bf16 gpt", lambda: autocast_step(a.backend))
     check("dropout mask cuda", lambda: dropout_mask(a.backend))
     print(f"{len(FAILURES)} failed: {FAILURES}")

@@ -1,7 +1,9 @@
 """CPU/GPU benchmark: eager vs torch.compile (Inductor) vs trainc on the shared models.
 
 Per model: first-call seconds (compile), then median step ms over interleaved steps in one
-process (eager, inductor, trainc, eager, ...), and trainc's kernel count. Usage:
+process (eager, inductor, trainc, eager, ...), and trainc's kernel count. On CUDA also peak MiB
+and, for trainc's three largest generated kernels (bytes they must move, from the scheduler),
+achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s. Usage:
   python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import trainc  # noqa: E402
 from trainc import records  # noqa: E402
 
 MODES = ("eager", "inductor", "trainc")
+PEAK_BYTES_PER_S = 4.3e12  # measured copy bandwidth of the H200 (DESIGN.md)
 
 
 def _compiled(mode: str, model, backend: str):
@@ -72,7 +75,30 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -
             times.append((time.perf_counter() - t0) * 1e3)
     for mode in MODES:
         row[f"{mode}_ms"] = statistics.median(runs[mode][1])
+    if device == "cuda":
+        row["bandwidth"] = kernel_bandwidth(runs["trainc"][0])
     return row
+
+
+def kernel_bandwidth(step, top: int = 3, reps: int = 5) -> list[dict]:
+    """The `top` generated kernels moving the most bytes: median time and achieved bandwidth
+    (each launch timed alone with CUDA events while `step` runs `reps` times)."""
+    from trainc.codegen.triton.launch import profile_kernels
+    with profile_kernels() as prof:
+        for _ in range(reps):
+            step()
+    rows = []
+    for launcher, ms in prof.items():
+        info = launcher.info
+        if info is None or not ms:
+            continue
+        nbytes = info.bytes_read + info.bytes_written
+        t = statistics.median(ms)
+        bw = nbytes / (t * 1e-3) if t > 0 else 0.0
+        rows.append({"kernel": info.name, "ops": ",".join(info.nodes[:3]), "mb": nbytes / 1e6,
+                     "us": t * 1e3, "gbps": bw / 1e9, "pct": 100 * bw / PEAK_BYTES_PER_S})
+    rows.sort(key=lambda r: -r["mb"])
+    return rows[:top]
 
 
 def _sync(device: str) -> None:
@@ -92,6 +118,18 @@ def table(rows: list[dict]) -> str:
                  f"{r['trainc_first_s']:.1f}", str(r["kernels"]), str(len(r["fallbacks"])),
                  *(f"{r[m + '_peak_mib']:.0f}" if m + "_peak_mib" in r else "-" for m in MODES))
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + bandwidth_table(rows)
+
+
+def bandwidth_table(rows: list[dict]) -> str:
+    if not any(r.get("bandwidth") for r in rows):
+        return ""
+    head = ("model", "dtype", "kernel", "first ops", "MB moved", "us", "GB/s", "% of 4.3 TB/s")
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        for k in r.get("bandwidth", []):
+            lines.append(f"| {r['model']} | {r['dtype']} | {k['kernel']} | {k['ops']} | "
+                         f"{k['mb']:.1f} | {k['us']:.1f} | {k['gbps']:.0f} | {k['pct']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 

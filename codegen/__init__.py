@@ -83,4 +83,23 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
     if name not in BACKENDS:
         raise NotImplementedError(f"trainc: backend {name!r} is not implemented yet; "
                                   f"available: {sorted(BACKENDS)}")
-    return BACKENDS[name](config)
+    backend = BACKENDS[name](config)
+    if config is not None and getattr(config, "cudagraphs", False):
+        if device.type != "cuda":
+            from trainc.joint import UnsupportedError
+            raise UnsupportedError(
+                f"trainc: cudagraphs=True replays CUDA graphs and needs CUDA tensors; this graph "
+                f"runs on {device.type} (backend {name!r}): drop the option on this device")
+        backend = _CudaGraphs(backend)
+    return backend
+
+
+class _CudaGraphs:
+    """Any backend, its compiled graphs replayed as CUDA graphs."""
+
+    def __init__(self, inner: Backend):
+        self.inner, self.name = inner, inner.name
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
+        from trainc.codegen.cudagraphs import with_cudagraphs
+        return with_cudagraphs(self.inner.compile(gm, example_inputs))

@@ -1,8 +1,8 @@
-"""In-place and out= ATen ops -> their functional forms, for lowering (the scheduler and the
-memory planner decide reuse themselves, so codegen wants the dataflow, not the mutation).
+"""In-place and out= ATen ops -> their functional forms, for lowering: codegen wants the
+dataflow; graph.py keeps "this result may live in the written buffer" as a hint that
+codegen/storage.py re-checks after fusion, so the mutation itself is not lost.
 
-Safe because reinplacing only overwrites buffers no later node reads; a write through a view of
-a graph input, or of a value read later, is refused with a clear error instead.
+A write through a view of a graph input, or of a value read later, is refused with a clear error.
 """
 from __future__ import annotations
 

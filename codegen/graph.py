@@ -1,7 +1,9 @@
 """FX graph of core ATen ops -> LoweredGraph: buffers, compute nodes (loop IR) and ATen calls.
 
 Each FX node lowers through the registry to a lazy TensorValue; values are realized into
-buffers only where fusion cannot inline them (several expensive uses, externs, outputs).
+buffers only where fusion cannot inline them (several expensive uses, externs, outputs). An
+in-place op lowers as its functional form plus a hint (`LoweredGraph.reuse`) that its result may
+live in the written buffer's storage; codegen/storage.py decides after scheduling.
 """
 from __future__ import annotations
 
@@ -74,6 +76,9 @@ class CallNode:
     kwargs: dict
     outputs: tuple[str, ...]  # buffer names, in the op's flattened result order
     origin: str = ""
+    # The in-place / out= op this functional call replaces and the written argument (position
+    # or kwarg name): the wrapper runs it instead when the storage plan allows.
+    inplace: Optional[tuple[Any, Any]] = None
 
 
 @dataclass
@@ -83,6 +88,10 @@ class LoweredGraph:
     inputs: list[str] = field(default_factory=list)  # placeholder buffers, in order
     consts: dict[str, torch.Tensor] = field(default_factory=dict)
     outputs: list = field(default_factory=list)  # TensorArg | python value per graph output
+    # buffer -> buffer whose storage it may take (an in-place op's result and the buffer the
+    # op wrote); only a hint: codegen/storage.py checks it against the schedule
+    reuse: dict[str, str] = field(default_factory=dict)
+    storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
 
 
 class GraphLowering:
@@ -93,6 +102,8 @@ class GraphLowering:
         self.env: dict[fx.Node, Any] = {}
         self.node: Optional[fx.Node] = None
         self._names = 0
+        # id of a lazy in-place result -> (that value, the buffer whose storage it may take)
+        self._hints: dict[int, tuple[TensorValue, str]] = {}
 
     # -- buffers ------------------------------------------------------------------------
     def new_buffer(self, shape, dtype, kind: str, stride=None, prefix: str = "buf") -> str:
@@ -110,6 +121,9 @@ class GraphLowering:
         name = self.new_buffer(v.shape, v.dtype, "compute")
         self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
                                         origins=self._origin(), region=self._region()))
+        hint = self._hints.get(id(v))
+        if hint is not None and hint[0] is v:
+            self.g.reuse.setdefault(name, hint[1])
         return self.load(name)
 
     def reduction(self, shape, rshape, reduce_op: str, dtype, fn: Callable) -> TensorValue:
@@ -207,6 +221,8 @@ class GraphLowering:
             raise NotImplementedError(f"trainc cpp: no functional form of {node.target}")
         for _, d in dests:
             functional.check_write(node, d)
+        old = self._storage_of(self.env.get(dests[0][1])) if len(dests) == 1 else None
+        n_steps = len(self.g.steps)
         target, kwargs = node.target, node.kwargs
         node.target = pure  # lowerings dispatch on node.target; restored below
         node.kwargs = {k: v for k, v in kwargs.items() if not isinstance(k, str) or
@@ -217,7 +233,31 @@ class GraphLowering:
             node.target, node.kwargs = target, kwargs
         for _, d in dests:  # later reads of the written node see the new value
             self.env[d] = out
+        if old is not None and isinstance(out, TensorValue):
+            self._hint(out, old, target, dests[0][0], n_steps)
         return out
+
+    def _storage_of(self, v) -> Optional[str]:
+        """The buffer holding v when v is a whole buffer or a pending in-place result."""
+        if not isinstance(v, TensorValue):
+            return None
+        if self.is_buffer(v):
+            return v.view.buf
+        hint = self._hints.get(id(v))
+        return hint[1] if hint is not None and hint[0] is v else None
+
+    def _hint(self, out: TensorValue, old: str, target, key, n_steps: int) -> None:
+        """Record that the in-place op's result `out` may be written into buffer `old`."""
+        if not self.is_buffer(out):
+            self._hints[id(out)] = (out, old)
+            return
+        buf = out.view.buf
+        if buf == old or self.g.buffers[buf].kind not in ("compute", "call"):
+            return
+        self.g.reuse.setdefault(buf, old)
+        new = self.g.steps[n_steps:]
+        if len(new) == 1 and isinstance(new[0], CallNode) and new[0].outputs == (buf,):
+            new[0].inplace = (target, key)
 
     def _call_functional(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:
         args = _map(self._env, node.args)

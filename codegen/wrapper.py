@@ -1,12 +1,14 @@
 """Schedule -> the Python wrapper: allocates buffers, calls kernels and ATen, frees after last use.
 
 Memory planning: a buffer dies after its last reader; a dead buffer the wrapper allocated is
-reused for the next allocation of the same element count and dtype (never graph outputs).
+reused for the next allocation of the same element count and dtype (never graph outputs); an
+in-place result the storage plan (codegen/storage.py) accepted takes its target's storage.
+Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `device`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,6 +24,9 @@ OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out
 class Wrapper:
     source: str
     namespace: dict
+    # fresh_bytes: what one run allocates (wrapper + ATen results); peak_bytes: most of it
+    # alive at once (pooled buffers count as alive); inplace: results written into their target
+    stats: dict = field(default_factory=dict)
 
     def build(self, kernels: Any) -> Callable[[list], list]:
         ns = dict(self.namespace, K=kernels)
@@ -35,18 +40,25 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
 
 
 class _Writer:
-    def __init__(self, sched: Schedule, params: dict[str, list[str]]):
+    def __init__(self, sched: Schedule, params: dict[str, list[str]], tensors: bool,
+                 device: Optional[torch.device]):
         self.s, self.g, self.params = sched, sched.graph, params
+        self.tensors, self.device = tensors, device
         self.lines: list[str] = []
         self.ns: dict = {"torch": torch, "restride": restride, "device": torch.device,
-                         "inf": float("inf"), "nan": float("nan")}
+                         "inf": float("inf"), "nan": float("nan"), "DEVICE": device}
         self.pool: dict[tuple, list[str]] = {}
         self.ours: set[str] = set()  # buffers the wrapper allocated (safe to reuse)
+        self.storage = dict(sched.graph.storage)  # in-place result -> buffer it overwrites
+        self.claimed = set(self.storage.values())
+        self.drop: list[str] = []  # overwritten targets whose names die after this item
+        self.live = self.peak = self.fresh = 0
         self.last = self._last_uses()
         self.keep = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
-        # A fallback op may return a view of its input: such buffers are never reused.
-        self.keep |= {b for it in sched.items if isinstance(it, CallNode) and
-                      it.kind == "fallback" for b in self._reads(it)}
+        # A fallback op may return a view of its input: such buffers are freed, never reused.
+        self.no_pool = {b for it in sched.items if isinstance(it, CallNode) and
+                        it.kind == "fallback" for b in self._reads(it)}
+        self.wanted = self._future_allocs()
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -58,6 +70,28 @@ class _Writer:
                 last[b] = k
         return last
 
+    def _future_allocs(self) -> list[dict[tuple, int]]:
+        """Per item k: how many pool-able allocations of each key come after it (a dead buffer
+        no later allocation can reuse is freed at once instead of pooled)."""
+        out: list[dict[tuple, int]] = [{} for _ in self.s.items]
+        acc: dict[tuple, int] = {}
+        for k in range(len(self.s.items) - 1, -1, -1):
+            out[k] = dict(acc)
+            for b in self._allocates(self.s.items[k]):
+                key = _pool_key(self.g.buffers[b])
+                if key[2]:  # only contiguous allocations take pooled buffers
+                    acc[key] = acc.get(key, 0) + 1
+        return out
+
+    def _allocates(self, item) -> list[str]:
+        if isinstance(item, Kernel):
+            names = [n.name for n in item.nodes if n.name not in item.local]
+        elif OUT_VARIANTS.get(item.target) is not None and not item.kwargs:
+            names = [item.outputs[0]]
+        else:
+            names = []
+        return [b for b in names if b not in self.storage]
+
     def _reads(self, item) -> list[str]:
         if isinstance(item, Kernel):
             return list(self.params[item.name])
@@ -66,25 +100,57 @@ class _Writer:
 
     def alloc(self, name: str) -> None:
         b: Buffer = self.g.buffers[name]
-        key = (b.nbytes, b.dtype, b.stride == _contig(b.shape))
+        if name in self.storage:
+            self._take(name)
+            return
+        key = _pool_key(b)
         if key[2] and self.pool.get(key):
             old = self.pool[key].pop()
             self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
         else:
+            dev = "" if self.device is None else "device=DEVICE, "
             self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
-                      f"dtype={b.dtype})")
+                      f"{dev}dtype={b.dtype})")
+            self._grow(b.nbytes)
         self.ours.add(name)
+
+    def _take(self, name: str) -> None:
+        """`name` lives in the storage of the buffer its in-place op overwrote."""
+        target = self.storage[name]
+        self.emit(f"{name} = {target}  # in place")
+        if target in self.ours:
+            self.ours.add(name)
+        self.drop.append(target)
+
+    def _grow(self, nbytes: int) -> None:
+        self.fresh += nbytes
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
 
     def free(self, k: int, item) -> None:
         dead = sorted({b for b in self._reads(item) if self.last.get(b) == k} - self.keep
-                      - set(self.g.inputs) - set(self.g.consts))
+                      - set(self.g.inputs) - set(self.g.consts) - self.claimed)
         for b in dead:
             buf = self.g.buffers[b]
-            if b in self.ours:
-                self.pool.setdefault((buf.nbytes, buf.dtype, buf.stride == _contig(buf.shape)),
-                                     []).append(b)
+            key = _pool_key(buf)
+            pooled = self.pool.setdefault(key, [])
+            if b in self.ours and b not in self.no_pool and \
+                    len(pooled) < self.wanted[k].get(key, 0):
+                pooled.append(b)
             else:
                 self.emit(f"del {b}")
+                if buf.kind in ("compute", "call") and not self._overwrote(b):
+                    self.live -= buf.nbytes
+        for t in self.drop:
+            self.emit(f"del {t}")
+        self.drop = []
+
+    def _overwrote(self, b: str) -> bool:
+        """b took the storage of a graph input: freeing the name frees no memory."""
+        root = b
+        while root in self.storage:
+            root = self.storage[root]
+        return root in self.g.inputs
 
     def write(self) -> str:
         g = self.g
@@ -109,13 +175,22 @@ class _Writer:
         for n in k.nodes:
             if n.name not in k.local:
                 self.alloc(n.name)
-        ptrs = ", ".join(f"{b}.data_ptr()" for b in self.params[k.name])
+        ptr = "" if self.tensors else ".data_ptr()"
+        ptrs = ", ".join(f"{b}{ptr}" for b in self.params[k.name])
         self.emit(f"K.{k.name}({ptrs})")
 
     def _call(self, c: CallNode) -> None:
         op = f"op_{len([x for x in self.ns if x.startswith('op_')])}"
         args = ", ".join(self._arg(a) for a in c.args)
         kwargs = "".join(f", {k}={self._arg(v)}" for k, v in c.kwargs.items())
+        if c.inplace is not None and c.outputs and c.outputs[0] in self.storage:
+            target, key = c.inplace
+            self.ns[op] = target
+            dest = self.storage[c.outputs[0]]
+            kwargs += f", {key}={dest}" if isinstance(key, str) else ""
+            self.emit(f"{op}({args}{kwargs})  # {c.kind} in place {c.origin}")
+            self._take(c.outputs[0])
+            return
         out_variant = OUT_VARIANTS.get(c.target)
         if out_variant is not None and not c.kwargs:
             self.ns[op] = out_variant
@@ -123,6 +198,9 @@ class _Writer:
             self.emit(f"{op}({args}, out={c.outputs[0]})  # {c.origin}")
             return
         self.ns[op] = c.target
+        for o in c.outputs:
+            if o is not None:
+                self._grow(self.g.buffers[o].nbytes)
         names = [o or "_" for o in c.outputs]
         single = not isinstance(_result_kind(c), tuple)
         lhs = names[0] if single else ", ".join(names) + ","
@@ -160,12 +238,21 @@ def _returns_tuple(target) -> bool:
         str(schema.returns[0].type).startswith(("Tensor[]", "List")))
 
 
+def _pool_key(b: Buffer) -> tuple:
+    return (b.nbytes, b.dtype, b.stride == _contig(b.shape))
+
+
 def _contig(shape) -> tuple:
     from trainc.codegen.ir import contiguous_strides
     return contiguous_strides(shape)
 
 
-def write_wrapper(sched: Schedule, params: dict[str, list[str]]) -> Wrapper:
-    """`params`: per kernel name, the buffers its C++ function takes, in order."""
-    w = _Writer(sched, params)
-    return Wrapper(w.write(), w.ns)
+def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
+                  device: Optional[torch.device] = None) -> Wrapper:
+    """`params`: per kernel name, the buffers it takes, in order: as data pointers (C++
+    functions through ctypes) or, with `tensors`, as tensors (Triton launchers). Buffers are
+    allocated on `device` (None: torch's default device)."""
+    w = _Writer(sched, params, tensors, device)
+    source = w.write()
+    stats = {"fresh_bytes": w.fresh, "peak_bytes": w.peak, "inplace": len(w.storage)}
+    return Wrapper(source, w.ns, stats)

@@ -35,8 +35,13 @@ class Config:
     # backend="triton": time a few launch configs per kernel on first run and cache the winner
     # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).
     triton_autotune: bool = True
+    # backend="triton" on CUDA: threads compiling a graph's kernels concurrently at compile
+    # time instead of one by one at their first launch (0 or 1: no precompile)
+    triton_compile_workers: int = 8
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
+    # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only
+    cudagraphs: bool = False
 
 
 def _env_defaults() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
+from trainc.codegen.storage import plan_storage
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
@@ -30,6 +31,7 @@ class CppBackend:
         t0 = time.perf_counter()
         sched = schedule(lower(gm, LOWERINGS, is_extern), scratch_bytes=SCRATCH_BYTES,
                          min_inner=MIN_INNER)
+        plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources, params = [], {}
         for k in kernels:
@@ -52,7 +54,7 @@ class CppBackend:
         return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"cpp": cpp, "library": path, "cache_hit": hit,
-                              "seconds": time.perf_counter() - t0})
+                              "seconds": time.perf_counter() - t0, **wrapper.stats})
 
 
 class _Kernels:

@@ -176,6 +176,9 @@ class KernelPrinter:
             [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
             [s[2] for s in self.shapes], [s[0] for s in self.shapes])
         self._tmp = 0
+        # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
+        # one pointer, so __restrict__ stays true
+        self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -187,8 +190,9 @@ class KernelPrinter:
         if e.buf in self.k.scratch:
             x = f"{e.buf}_s[{self._scratch_slot(body, e.buf, e.index)}]"
             return f"({x} != 0)" if e.dtype == torch.bool else x
-        self.params.setdefault(e.buf, False)
-        x = f"{e.buf}[{body.index(e.index)}]"
+        param = self.rename.get(e.buf, e.buf)
+        self.params.setdefault(param, False)
+        x = f"{param}[{body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
         if dt == torch.bool:
             return f"({x} != 0)"
@@ -196,9 +200,10 @@ class KernelPrinter:
                                                             else x)
 
     def store(self, body: Body, n: ComputeNode, index: str, v: str, op: str = "=") -> None:
-        self.params[n.name] = True
+        param = self.rename.get(n.name, n.name)
+        self.params[param] = True
         dt = n.dtype
-        target = f"{n.name}[{index}]"
+        target = f"{param}[{index}]"
         if op == "+=":
             cur = f"bf2f({target})" if dt == torch.bfloat16 else target
             v = f"({cur} + {v})"

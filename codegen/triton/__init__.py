@@ -1,10 +1,9 @@
 """The Triton backend: FX graph -> lowered IR -> schedule (shared with cpp) -> one generated
-Triton module + the shared Python wrapper, whose kernels take tensors and allocate on the
-graph's device. CPU tensors work under TRITON_INTERPRET=1 (tests)."""
+Triton module + the shared Python wrapper (kernels take tensors; buffers on the graph's device).
+CPU tensors work under TRITON_INTERPRET=1 (tests)."""
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Optional, Sequence
 
@@ -15,9 +14,10 @@ from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.triton.launch import Launcher, load_module
+from trainc.codegen.storage import plan_storage
+from trainc.codegen.triton.launch import Launcher, load_module, precompile
 from trainc.codegen.triton.printer import PRELUDE, kernel_source
-from trainc.codegen.wrapper import Wrapper, write_wrapper
+from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
 
@@ -39,15 +39,23 @@ class TritonBackend:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
         sched = schedule(lower(gm, LOWERINGS, is_extern))
+        plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
         module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)
-        funcs, path = _Kernels(), ""
+        funcs, path, precompiled = _Kernels(), "", 0
         if kernels:
             mod, path = load_module(module_src, self.config)
-            for s in sources:
-                setattr(funcs, s.name, Launcher(s, mod, self.config, interpret, device))
-        wrapper = _adapt(write_wrapper(sched, {s.name: list(s.params) for s in sources}), device)
+            for s, k in zip(sources, kernels):
+                launcher = Launcher(s, mod, self.config, interpret, device)
+                launcher.info = k.info
+                launcher.dtypes = tuple(sched.graph.buffers[b].dtype for b in s.params)
+                setattr(funcs, s.name, launcher)
+            if device.type == "cuda" and not interpret:
+                precompiled = precompile(list(vars(funcs).values()),
+                                         self.config.triton_compile_workers)
+        wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
+                                device=device)
         fallbacks = sorted({str(c.target) for c in sched.items
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "
@@ -55,7 +63,8 @@ class TritonBackend:
         return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"triton": module_src, "module": path, "device": str(device),
-                              "seconds": time.perf_counter() - t0})
+                              "seconds": time.perf_counter() - t0, "precompiled": precompiled,
+                              **wrapper.stats})
 
 
 class _Kernels:
@@ -71,15 +80,3 @@ def graph_device(gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
         if isinstance(v, torch.Tensor) and v.device.type == "cuda":
             return v.device
     return torch.device("cpu")
-
-
-def _adapt(w: Wrapper, device: torch.device) -> Wrapper:
-    """The shared wrapper passes data pointers (ctypes) and allocates on the default device;
-    Triton kernels take tensors, and buffers belong on the graph's device."""
-    lines = []
-    for line in w.source.split("\n"):
-        if line.lstrip().startswith("K."):
-            line = line.replace(".data_ptr()", "")
-        line = re.sub(r"(torch\.empty_strided\(.*?), dtype=", r"\1, device=DEVICE, dtype=", line)
-        lines.append(line)
-    return Wrapper("\n".join(lines), dict(w.namespace, DEVICE=device))

@@ -60,6 +60,7 @@ _TL = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "
 _PRELUDE_FN = {"expm1": "_expm1", "log1p": "_log1p", "tanh": "_tanh", "trunc": "_trunc",
                "round": "_nearbyint"}
 _LIBDEVICE = {"tan", "erfc", "atan", "asin", "acos", "sinh", "cosh", "pow"}
+_INTERPRETED = {"pow", "tan", "sinh", "cosh", "erfc"}  # have prelude stand-ins (_ipow, ...)
 _POW = {2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 1.0: "{a}", 0.5: "tl.sqrt_rn({a})",
         -1.0: "(1.0 / {a})", -0.5: "tl.rsqrt({a})", -2.0: "(1.0 / ({a} * {a}))"}
 
@@ -79,7 +80,9 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
         code = _POW[float(e.args[1].value)].format(a=a[0])
         return code.replace("sqrt_rn", "sqrt") if e.dtype != torch.float32 else code
     if n in _LIBDEVICE:
-        return f"libdevice.{n}({', '.join(a)})"
+        # the interpreter has no libdevice: tl-primitive stand-ins from the prelude there
+        fn = f"_i{n}" if n in _INTERPRETED and _interpreting() else f"libdevice.{n}"
+        return f"{fn}({', '.join(a)})"
     simple = {
         "neg": lambda: f"(-{a[0]})", "not": lambda: f"({a[0]} == 0)",
         "bitwise_not": lambda: f"(~{a[0]})" if e.dtype != torch.bool else f"({a[0]} == 0)",
@@ -112,6 +115,10 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
         q = f"tl.div_rn({a[0]}, {a[1]})" if e.dtype == torch.float32 else f"({a[0]} / {a[1]})"
         return f"({a[0]} - {a[1]} * tl.floor({q}))"
     raise NotImplementedError(f"trainc triton: op {n}")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
 def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:

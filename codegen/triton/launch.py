@@ -1,18 +1,23 @@
-"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call.
+"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call;
+split kernels (split.py) launch their stages in order with per-call scratch buffers.
 
 Tuning results live on disk keyed by (kernel source hash, device name); TRITON_INTERPRET and CPU
 tensors, or `triton_autotune=False`, use the heuristic config and never tune.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -21,6 +26,25 @@ from trainc.config import Config
 
 _modules: dict[str, object] = {}
 _lock = threading.Lock()
+_timing: Optional[dict] = None  # inside profile_kernels(): Launcher -> [(start, end), ...]
+
+
+@contextlib.contextmanager
+def profile_kernels() -> Iterator[dict]:
+    """Time every kernel launch in the block (CUDA events on GPU, wall clock otherwise); on
+    exit the yielded dict maps each Launcher (its `.info`: KernelInfo) to a list of ms."""
+    global _timing
+    out: dict = {}
+    _timing = {}
+    try:
+        yield out
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        for launcher, pairs in _timing.items():
+            out[launcher] = [e - s if isinstance(s, float) else s.elapsed_time(e)
+                             for s, e in pairs]
+        _timing = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,8 @@ def load_module(source: str, config: Config):
 
 
 def heuristic(ks: KernelSource) -> LaunchConfig:
+    if ks.mode == "split":
+        return LaunchConfig(1, 2048, 8)
     if ks.mode in ("1d", "scatter"):
         x = min(1024, next_pow2(max(ks.xnumel, ks.rnumel, 1)))
         return LaunchConfig(max(x, 16), 0, 4 if x <= 1024 else 8)
@@ -72,7 +98,9 @@ def candidates(ks: KernelSource) -> list[LaunchConfig]:
     h = heuristic(ks)
     if ks.mode == "scatter":
         return [h]
-    if ks.mode == "1d":
+    if ks.mode == "split":
+        out = [LaunchConfig(1, 1024, 4), LaunchConfig(1, 4096, 8)]
+    elif ks.mode == "1d":
         out = [LaunchConfig(x, 0, w) for x, w in ((512, 4), (1024, 4), (2048, 8), (4096, 8))
                if x <= 2 * next_pow2(ks.xnumel)]
     elif ks.rblock:
@@ -93,10 +121,13 @@ class Launcher:
                  device: Optional[torch.device] = None):
         self.ks, self.config, self.interpret = ks, config, interpret
         self.cuda = device is not None and device.type == "cuda"
-        self.fn = getattr(module, ks.name)
+        self.fn = getattr(module, ks.name, None)  # split kernels have stage functions only
         self.init = getattr(module, ks.name + "_init", None)
+        self.stages = [(getattr(module, st.fn), st.programs) for st in ks.stages]
         self.cfg: Optional[LaunchConfig] = None
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
+        self.info = None  # the scheduler's KernelInfo (bytes it must move), set by the backend
+        self.dtypes: Optional[tuple] = None  # param dtypes (for precompile), set by the backend
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.xnumel == 0 and self.ks.mode != "scatter":
@@ -105,7 +136,41 @@ class Launcher:
             args = tuple(a.to("cuda", non_blocking=True) if not a.is_cuda else a for a in args)
         if self.cfg is None:
             self.cfg = self._choose(args)
-        self._launch(self.cfg, args)
+        if _timing is None:
+            self._launch(self.cfg, args)
+            return
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._launch(self.cfg, args)
+            end.record()
+        else:
+            start = time.perf_counter() * 1e3
+            self._launch(self.cfg, args)
+            end = time.perf_counter() * 1e3
+        _timing.setdefault(self, []).append((start, end))
+
+    def warmups(self) -> list:
+        """Callables compiling this kernel for the configs its first call may launch (the
+        tuned one when cached on disk, else every candidate, or the heuristic untuned)."""
+        if not self.cuda or self.dtypes is None:
+            return []
+        found = _read(os.path.join(cache_dir(self.config), f"tune_{self.key}.json")).get(
+            torch.cuda.get_device_name())
+        if found is not None:
+            configs = [LaunchConfig(**found)]
+        else:
+            configs = candidates(self.ks) if self.config.triton_autotune else \
+                [heuristic(self.ks)]
+        fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn) if f is not None]
+        dtypes = list(self.dtypes) + [s.dtype for s in self.ks.scratch]
+        jobs = []
+        for c in configs:
+            kw = {"XBLOCK": c.XBLOCK, "num_warps": c.num_warps, "num_stages": c.num_stages}
+            if c.RBLOCK or self.ks.mode == "split":
+                kw["RBLOCK"] = c.RBLOCK
+            jobs += [functools.partial(f.warmup, *dtypes, grid=(1,), **kw) for f in fns]
+        return jobs
 
     def _launch(self, c: LaunchConfig, args) -> None:
         ks = self.ks
@@ -118,6 +183,13 @@ class Launcher:
             return
         if c.RBLOCK:
             kw["RBLOCK"] = c.RBLOCK
+        if ks.mode == "split":
+            dev = args[0].device  # on CUDA every argument is on the GPU by now
+            args = tuple(args) + tuple(torch.empty(s.numel, dtype=s.dtype, device=dev)
+                                       for s in ks.scratch)
+            for fn, programs in self.stages:
+                fn[(programs,)](*args, **kw)
+            return
         self.fn[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
 
     def _choose(self, args) -> LaunchConfig:
@@ -131,15 +203,18 @@ class Launcher:
         if found is not None:
             return LaunchConfig(**found)
         cands = candidates(self.ks)
-        best = cands[0] if len(cands) == 1 else min(cands, key=lambda c: self._time(c, args))
+        # timing re-runs the kernel: buffers it updates in place are timed on copies
+        scratch = tuple(a.clone() if p in self.ks.inplace else a
+                        for p, a in zip(self.ks.params, args))
+        best = cands[0] if len(cands) == 1 else min(cands, key=lambda c: self._time(c, scratch))
         entries = _read(path)
         entries[device] = asdict(best)
         _write(path, entries)
         return best
 
     def _time(self, c: LaunchConfig, args) -> float:
-        """Median ms of a few launches (a kernel's outputs never alias its inputs: re-runs
-        are harmless); a config that fails to compile is never chosen."""
+        """Median ms of a few launches (on copies of in-place buffers: re-runs are harmless);
+        a config that fails to compile is never chosen."""
         try:
             self._launch(c, args)
             torch.cuda.synchronize()
@@ -155,6 +230,42 @@ class Launcher:
             end.synchronize()
             times.append(start.elapsed_time(end) / 3)
         return sorted(times)[len(times) // 2]
+
+
+def precompile(launchers: list, workers: int) -> int:
+    """Compile every kernel's launch configs concurrently before the first launch (first-call
+    latency: a graph has tens of kernels, each compiled serially at its first launch). Uses
+    Triton's AsyncCompileMode when present, else plain threads. Failures are ignored: that
+    kernel compiles at its first launch, as without this. Returns the compiles submitted."""
+    jobs = [j for launcher in launchers for j in launcher.warmups()]
+    if workers <= 1 or len(jobs) <= 1:
+        return 0
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+        # older versions leave a failed compile's placeholder in the JIT cache: plain threads
+        if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
+            AsyncCompileMode = None
+    except ImportError:
+        AsyncCompileMode = None
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
+            if AsyncCompileMode is not None:
+                with AsyncCompileMode(pool, ignore_errors=True):
+                    for job in jobs:
+                        job()
+            else:
+                list(pool.map(_quiet, jobs))
+    except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
+        return 0
+    return len(jobs)
+
+
+def _quiet(job) -> None:
+    try:
+        job()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -15,6 +15,7 @@ from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
 from trainc.codegen.triton.exprs import (TL, Body, cast_code, compute, index_code, literal,
                                           tl_compute, to_dtype)
+from trainc.codegen.triton.split import split_source, splittable
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -30,6 +31,9 @@ class KernelSource:
     xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
     rnumel: int  # 2d: largest row; scatter: scattered values
     rblock: int  # 2d persistent: the tile width; 0 when looped
+    inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
+    stages: tuple = ()  # split: (split.Stage, ...) launched in order
+    scratch: tuple = ()  # split: (split.Scratch, ...) allocated per call, passed after params
 
 
 def next_pow2(n: int) -> int:
@@ -40,6 +44,11 @@ class KernelPrinter:
     def __init__(self, kern: Kernel, g: LoweredGraph):
         self.k, self.g = kern, g
         self.params: dict[str, bool] = {}
+        self.loaded: set[str] = set()
+        # an in-place result is stored into the buffer it overwrites (codegen/storage.py)
+        self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
+        self.rename_loads: dict[str, str] = {}  # split: reduction results read from scratch
+        self.scratch_dtype: dict[str, torch.dtype] = {}
         self.values: dict[str, str] = {}  # buffer -> variable holding its value in this tile
         self.axes: dict[str, frozenset] = {}
         self.sym_axes: dict = {}
@@ -58,7 +67,7 @@ class KernelPrinter:
         key = (repr(e.value), e.dtype)
         if key not in self.consts:
             name = f"c{len(self.consts)}"
-            shape = "[1]" if self.mode != "2d" else "[1, 1]"
+            shape = "[1]" if self.mode not in ("2d", "split") else "[1, 1]"
             self.const_lines.append(
                 f"    {name} = tl.full({shape}, {literal(e.value, e.dtype)}, "
                 f"{tl_compute(e.dtype)})")
@@ -68,7 +77,7 @@ class KernelPrinter:
     def mask(self, axes: frozenset):
         if not axes:
             return None
-        if self.mode != "2d":
+        if self.mode not in ("2d", "split"):
             return "xmask"
         if axes == {"x"}:
             return "xmask"
@@ -88,28 +97,41 @@ class KernelPrinter:
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
-        self.params.setdefault(e.buf, False)
         idx = body.index(e.index)
         m = self.mask(body.axes_of(e.index))
-        code = f"tl.load({e.buf} + {idx}" + (f", mask={m}, other=0)" if m else ")")
+        if e.buf in self.rename_loads:  # kept in compute precision: no conversion
+            return f"tl.load({self.rename_loads[e.buf]} + {idx})"
+        param = self.rename.get(e.buf, e.buf)
+        self.params.setdefault(param, False)
+        self.loaded.add(param)
+        code = f"tl.load({param} + {idx}" + (f", mask={m}, other=0)" if m else ")")
         if self.g.buffers[e.buf].dtype in (torch.bfloat16, torch.float16):
             code += ".to(tl.float32)"
         return code
 
     def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
               atomic: bool = False) -> None:
-        self.params[buf] = True
         dt = self.g.buffers[buf].dtype
+        buf = self.rename.get(buf, buf)
+        self.params[buf] = True
         f = "tl.atomic_add" if atomic else "tl.store"
         body.emit(f"{f}({buf} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})")
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
         if self.mode == "scatter":
-            return self._scatter()
-        if self.mode == "1d":
-            return self._pointwise()
-        return self._tiled()
+            ks = self._scatter()
+        elif self.mode == "1d":
+            ks = self._pointwise()
+        elif self.mode == "split":
+            funcs, stages, scratch = split_source(self)
+            ks = KernelSource(self.k.name, "\n".join(funcs).rstrip(), tuple(self.params), "split",
+                              1, max(_numel(lp.inner) for lp in self.k.loops), 0, (),
+                              tuple(stages), tuple(scratch))
+        else:
+            ks = self._tiled()
+        both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
+        return dataclasses.replace(ks, inplace=both)
 
     def _header(self, name: str, body: Body, n: int, extra: str = "") -> list[str]:
         params = "".join(f"{p}, " for p in self.params)  # may be empty
@@ -309,6 +331,8 @@ class KernelPrinter:
 def _mode(kern: Kernel) -> str:
     if kern.kind == "scatter":
         return "scatter"
+    if splittable(kern):
+        return "split"
     if len(kern.loops) == 1 and all(n.kind == "pointwise" for n in kern.loops[0].steps):
         return "1d"
     return "2d"
@@ -420,6 +444,37 @@ def _nearbyint(x):
 def _sign(a):
     # +-inf give +-1; NaN and -0.0 give 0, as torch.sign
     return tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
+
+
+@triton.jit
+def _ipow(a, b):
+    # interpreter only (no libdevice there): C pow's sign and special cases around exp2/log2;
+    # nested where, not &: the interpreter cannot broadcast & between 0-d and tile operands
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    odd = (b - 2 * tl.floor(b * 0.5)) != 0
+    r = tl.where(a < 0, tl.where(tl.floor(b) == b, tl.where(odd, -r, r), float('nan')), r)
+    r = tl.where(b == 0, 1.0, r)
+    return tl.where(a == 1, 1.0, r)
+
+
+@triton.jit
+def _itan(x):
+    return tl.sin(x) / tl.cos(x)
+
+
+@triton.jit
+def _isinh(x):
+    return (_expm1(x) - _expm1(-x)) * 0.5
+
+
+@triton.jit
+def _icosh(x):
+    return (tl.exp(x) + tl.exp(-x)) * 0.5
+
+
+@triton.jit
+def _ierfc(x):
+    return 1.0 - tl.erf(x)
 
 
 @triton.jit

@@ -29,7 +29,9 @@ class Block(nn.Module):
 class ConvNorm(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        # no conv bias: BatchNorm removes it, its exact gradient is 0 and a relative error
+        # of rounding noise against rounding noise fails at random (seen with other seeds)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(8)
         self.head = nn.Linear(8, 5)
 

@@ -1,0 +1,131 @@
+"""Schedule -> storage plan: which in-place results (LoweredGraph.reuse hints) are computed
+straight into the buffer their op overwrote. A hint is taken only when, in schedule order, nothing
+reads the old buffer after the writer, and inside the writing kernel every read of it happens at
+the written position before the write (reinplacing was decided on the FX graph, before fusion).
+"""
+from __future__ import annotations
+
+from trainc.codegen import ir
+from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
+from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, within_outer
+
+
+def plan_storage(sched: Schedule) -> dict[str, str]:
+    """{buffer: buffer whose storage it takes}; also stored as `sched.graph.storage`."""
+    g = sched.graph
+    producer: dict[str, int] = {}
+    readers: dict[str, set[int]] = {}
+    for k, item in enumerate(sched.items):
+        if isinstance(item, Kernel):
+            producer.update({n.name: k for n in item.nodes if n.name not in item.local})
+            bufs = {l.buf for n in item.nodes for l in _loads(n)}
+        else:
+            producer.update({o: k for o in item.outputs if o is not None})
+            bufs = set(_call_buffers(item))
+        for b in bufs:
+            readers.setdefault(b, set()).add(k)
+    unsafe = {a.buf for a in g.outputs if isinstance(a, TensorArg)} | _view_aliased(sched)
+    plan: dict[str, str] = {}
+    taken: set[str] = set()
+    for x, t in g.reuse.items():
+        if t in taken or t in unsafe or x not in producer or not _same(g, x, t):
+            continue
+        if t not in producer and g.buffers[t].kind != "input":
+            continue  # a kernel-local value or a constant: no storage of its own to take
+        k = producer[x]
+        if producer.get(t, -1) >= k or any(r > k for r in readers.get(t, ())):
+            continue
+        item = sched.items[k]
+        ok = (_kernel_ok(item, x, t, g) if isinstance(item, Kernel)
+              else _call_ok(item, t, k in readers.get(t, ())))
+        if ok:
+            plan[x] = t
+            taken.add(t)
+    g.storage = plan
+    return plan
+
+
+def _loads(n) -> list[ir.Load]:
+    from trainc.codegen.scheduler import reads
+    return reads(n)
+
+
+def _same(g: LoweredGraph, x: str, t: str) -> bool:
+    a, b = g.buffers[x], g.buffers[t]
+    return (a.shape, a.stride, a.dtype) == (b.shape, b.stride, b.dtype)
+
+
+def _view_aliased(sched: Schedule) -> set[str]:
+    """Buffers a fallback op may return a view of (or that are such views): never overwritten."""
+    out: set[str] = set()
+    for it in sched.items:
+        if isinstance(it, CallNode) and it.kind == "fallback" and _may_alias(it.target):
+            out |= set(_call_buffers(it)) | {o for o in it.outputs if o is not None}
+    return out
+
+
+def _may_alias(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _call_ok(c: CallNode, t: str, reads_t: bool) -> bool:
+    """A call writes t's storage: an extern with an out= form that does not read t, or the
+    in-place op a functional fallback stands for, writing t and reading it only there."""
+    from trainc.codegen.wrapper import OUT_VARIANTS
+    if c.kind == "extern":
+        return c.target in OUT_VARIANTS and not c.kwargs and not reads_t
+    if c.inplace is None or len(c.outputs) != 1:
+        return False
+    key = c.inplace[1]
+    uses = _call_buffers(c).count(t)
+    if isinstance(key, str):
+        return uses == 0
+    arg = c.args[key] if key < len(c.args) else None
+    return uses == 1 and isinstance(arg, TensorArg) and arg.buf == t and arg.whole
+
+
+def _kernel_ok(kern: Kernel, x: str, t: str, g: LoweredGraph) -> bool:
+    if kern.kind == "scatter":
+        return _scatter_ok(kern, t, g.buffers[t])
+    where = [(i, j) for i, lp in enumerate(kern.loops) for j, n in enumerate(lp.steps)
+             if n.name == x]
+    if not where or any(n.name == t for n in kern.nodes):
+        return False
+    lx, jx = where[0]
+    bt = g.buffers[t]
+    osyms = ir.symbols("o", kern.outer)
+    for i, lp in enumerate(kern.loops):
+        isyms = ir.symbols("i", lp.inner)
+        for j, n in enumerate(lp.steps):
+            e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
+            for l in ir.loads(e):
+                if l.buf == t and not _read_ok(l.index, (i, j), (lx, jx), osyms, isyms, bt):
+                    return False
+    return True
+
+
+def _read_ok(index, at: tuple[int, int], write: tuple[int, int], osyms, isyms,
+             bt: Buffer) -> bool:
+    """A read of the old value at `index`, by step `at` (loop, position), when the new value is
+    stored by step `write`: earlier loops may read anywhere in their own outer slice (other
+    slices belong to other threads/programs), the writing loop only the written element and
+    only up to the writer itself; later loops would see the new value."""
+    if at[0] > write[0]:
+        return False
+    if at[0] < write[0]:
+        return within_outer(index, osyms, bt.stride, bt.shape) is not None
+    return at[1] <= write[1] and index - ir.linear(osyms + isyms, bt.stride) == 0
+
+
+def _scatter_ok(kern: Kernel, t: str, bt: Buffer) -> bool:
+    """A scatter may overwrite t when only its init reads t, element for element."""
+    n = kern.nodes[0]
+    v = ir.symbols("v", n.rshape)
+    later = ir.loads(n.fn(v)) + [l for s in n.index(v).free_symbols if s in ir.INDIRECT
+                                 for l in ir.loads(ir.INDIRECT[s][0])]
+    if any(l.buf == t for l in later):
+        return False
+    s = ir.symbols("s", n.shape)
+    return all(l.index - ir.linear(s, bt.stride) == 0
+               for l in ir.loads(n.init(s)) if l.buf == t)

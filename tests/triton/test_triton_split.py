@@ -1,0 +1,54 @@
+"""Reductions of a large tensor to scalars run as a multi-block two-stage kernel (split.py):
+values match eager (NaN, integers, bool any/all, bf16), later loops of the kernel read the
+reduction results, results are bitwise reproducible, and small reductions stay one block."""
+import torch
+
+from triton_helpers import DEVICE, assert_same, check, compile_triton
+from trainc.codegen.triton import split
+
+
+def _big(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
+
+
+def _split_kernels(c) -> int:
+    return c.extra["triton"].count("_b0(")
+
+
+def test_scalar_reductions_and_following_loops_split():
+    def f(x):
+        m = x.mean()
+        return (x.sum(), m, x - m, x.amax(), x.amin(), (x > 3).any(), (x > -10).all(),
+                torch.var(x), (x * 0.001 + 1).prod(), x / x.abs().sum())
+    c = check(f, _big(300, 301), rtol=1e-4, atol=1e-5)
+    assert _split_kernels(c) >= 1
+
+
+def test_split_nan_and_integers():
+    x = _big(300, 301)
+    x[7, 9] = float("nan")
+    c = check(lambda x: (x.sum(), x.amax(), x.amin()), x)
+    assert _split_kernels(c) == 1
+    xi = torch.randint(-5, 5, (300, 301))
+    check(lambda x: (x.sum(), x.amax(), x.amin()), xi)
+
+
+def test_split_bf16_uses_float_results_downstream():
+    x = _big(256, 512, dtype=torch.bfloat16)
+    ref = lambda x: (x.float().sum(), x.float() - x.float().mean())
+    c = compile_triton(ref, x.to(DEVICE))
+    got = c.run([x.to(DEVICE)])
+    want = ref(x.to(DEVICE))
+    for g, w in zip(got, want):
+        assert_same(g, w, 1e-5, 1e-5, "bf16 split")
+    assert _split_kernels(c) >= 1
+
+
+def test_split_is_bitwise_reproducible_and_small_stays_one_block():
+    x = _big(200, 700).to(DEVICE)
+    c = compile_triton(lambda x: (x.sum(), (x * x).sum()), x)
+    a, b = c.run([x]), c.run([x])
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    small = compile_triton(lambda x: (x.sum(),), x[:10])
+    assert _split_kernels(small) == 0
+    assert split.SPLIT_LIMIT < 200 * 700
