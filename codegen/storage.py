@@ -35,6 +35,8 @@ def plan_storage(sched: Schedule) -> dict[str, str]:
         k = producer[x]
         if producer.get(t, -1) >= k or any(r > k for r in readers.get(t, ())):
             continue
+        if t in producer and _idle_allocs(sched, max(readers.get(t, {producer[t]})), k):
+            continue  # t would sit idle while others allocate: a fresh x peaks lower
         item = sched.items[k]
         ok = (_kernel_ok(item, x, t, g) if isinstance(item, Kernel)
               else _call_ok(item, t, k in readers.get(t, ())))
@@ -43,6 +45,17 @@ def plan_storage(sched: Schedule) -> dict[str, str]:
             taken.add(t)
     g.storage = plan
     return plan
+
+
+def _idle_allocs(sched: Schedule, last: int, k: int) -> bool:
+    """Does anything allocate after t's last reader `last` and before x's producer `k`?"""
+    for item in sched.items[last + 1:k]:
+        if isinstance(item, Kernel):
+            if any(n.name not in item.local for n in item.nodes):
+                return True
+        elif any(o is not None for o in item.outputs):
+            return True
+    return False
 
 
 def _loads(n) -> list[ir.Load]:

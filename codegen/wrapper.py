@@ -71,16 +71,22 @@ class _Writer:
         return last
 
     def _future_allocs(self) -> list[dict[tuple, int]]:
-        """Per item k: how many pool-able allocations of each key come after it (a dead buffer
-        no later allocation can reuse is freed at once instead of pooled)."""
+        """Per item k: the allocations a buffer dying at k may serve from the pool: the run of
+        same-key allocations that comes next. Holding a dead buffer across any other
+        allocation would raise the peak; the caching allocator reuses freed memory anyway."""
         out: list[dict[tuple, int]] = [{} for _ in self.s.items]
-        acc: dict[tuple, int] = {}
+        run: list = []  # keys of the allocations after item k, nearest first (None: ATen's)
         for k in range(len(self.s.items) - 1, -1, -1):
-            out[k] = dict(acc)
-            for b in self._allocates(self.s.items[k]):
-                key = _pool_key(self.g.buffers[b])
-                if key[2]:  # only contiguous allocations take pooled buffers
-                    acc[key] = acc.get(key, 0) + 1
+            first = run[0] if run else None
+            n = 0
+            while n < len(run) and run[n] == first:
+                n += 1
+            out[k] = {first: n} if first is not None and first[2] else {}
+            item = self.s.items[k]
+            ours = [_pool_key(self.g.buffers[b]) for b in self._allocates(item)]
+            theirs = [] if isinstance(item, Kernel) or ours else \
+                [None for o in item.outputs if o is not None and o not in self.storage]
+            run = ours + theirs + run
         return out
 
     def _allocates(self, item) -> list[str]:
@@ -93,10 +99,13 @@ class _Writer:
         return [b for b in names if b not in self.storage]
 
     def _reads(self, item) -> list[str]:
+        """Buffers the item touches; what it produces counts too, so a result nobody reads
+        (or one stored under its target's name, in place) dies right after it."""
         if isinstance(item, Kernel):
-            return list(self.params[item.name])
+            made = [n.name for n in item.nodes if n.name not in item.local]
+            return list(dict.fromkeys(list(self.params[item.name]) + made))
         from trainc.codegen.scheduler import _call_buffers
-        return _call_buffers(item)
+        return _call_buffers(item) + [o for o in item.outputs if o is not None]
 
     def alloc(self, name: str) -> None:
         b: Buffer = self.g.buffers[name]
