@@ -103,10 +103,24 @@ def _sweep_sample(op, sample, backend: str, fallbacks: set) -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - every crash is classified and reported
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
         refused = isinstance(e, trainc.UnsupportedError) or str(e).startswith("trainc:")
+        if not refused and _eager_raises(fn, inputs):
+            return "skip", f"eager raises too: {msg}"
         return ("skip" if refused else "fail"), msg
     finally:
         signal.alarm(0)
         torch._dynamo.reset()
+
+
+def _eager_raises(fn, inputs) -> bool:
+    """Does eager itself fail on this sample (forward or backward)? Then there is no oracle."""
+    try:
+        xs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        outs = [o for o in tree_flatten(fn(*xs))[0] if torch.is_tensor(o) and o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    except Exception:  # noqa: BLE001 - any eager failure
+        return True
+    return False
 
 
 def _skip_reason(op) -> str:

@@ -42,7 +42,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     requires_grad = [training and isinstance(a, torch.Tensor) and a.requires_grad for a in args]
-    with mode:
+    with mode, _data_dependent_is_unsupported():
         info = _analyze(gm, fakes, requires_grad, training)
         training = training and bool(info.tangents)
         seed = torch.empty((), dtype=torch.int64)

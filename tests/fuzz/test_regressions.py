@@ -171,6 +171,14 @@ def test_sign_of_nan_is_zero(backend):
                        backend=backend)
 
 
+def test_narrow_with_tensor_start_is_a_clear_refusal():
+    """Was an OpInfo sweep failure: a raw DataDependentOutputException from the analysis."""
+    torch._dynamo.reset()
+    f = trainc.compile(lambda x, s: x.narrow(0, s, 2), backend="aten")
+    with pytest.raises(trainc.UnsupportedError, match="data-dependent"):
+        f(torch.randn(4, requires_grad=True), torch.tensor(1))
+
+
 @needs_cpp
 def test_cpp_cummax_of_0d_tensor():
     """Was an OpInfo sweep failure: scatter_add of a 0-d tensor (cummax backward) indexed a
