@@ -32,6 +32,7 @@ for bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
 
 import models  # noqa: E402
 import trainc  # noqa: E402
+from trainc.report import peak_bytes  # noqa: E402
 
 MODES = ("eager_foreach", "eager_fused", "inductor", "inductor_loss", "inductor_budget",
          "trainc", "trainc_budget")
@@ -86,23 +87,8 @@ def time_one(step, xs, device: str) -> float:
 
 
 def peak_mib(step, xs, device: str) -> float:
-    """Peak memory of one step above what was allocated before it."""
-    if device == "cuda":
-        sync(device)
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step(*xs)
-        sync(device)
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(*xs)
-    cur = peak = 0
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak / 2**20
+    """Peak MiB of one step above what was allocated before it."""
+    return peak_bytes(lambda: step(*xs), torch.device(device)) / 2**20
 
 
 def run_model(name: str, dtype: torch.dtype, args, device: str) -> list[dict]:

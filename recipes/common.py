@@ -11,6 +11,7 @@ import torch
 
 import trainc
 import trainc.records
+from trainc.report import peak_bytes
 
 
 def add_args(ap: argparse.ArgumentParser, steps: int) -> None:
@@ -71,24 +72,8 @@ def train(step: Callable, batches: Iterable, device: str, label: str, after_step
 
 
 def peak_mib(run: Callable[[], object], device: str) -> float:
-    """Peak memory of `run` above what was allocated before it: CUDA's allocator statistics, or
-    on CPU the running sum of the allocator events torch.profiler records."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        start = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        run()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - start) / 2**20
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    cur = peak = 0
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak / 2**20
+    """Peak MiB of `run` above what was allocated before it (trainc.report.peak_bytes)."""
+    return peak_bytes(run, torch.device(device)) / 2**20
 
 
 def compare(eager: Run, compiled: Run, items_per_step: int, unit: str) -> None:

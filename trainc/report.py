@@ -133,7 +133,7 @@ def _measure(model, inputs, loss_fn, budget, device, steps, options) -> Tradeoff
     with records.recording() as recs, _partition.observing() as parts:
         _step(fn, m, inputs, loss_fn)
     _clear_grads(m)  # outside the measured region: the step's own gradients count in its peak
-    peak = _peak(lambda: _step(fn, m, inputs, loss_fn, clear=False), device)
+    peak = peak_bytes(lambda: _step(fn, m, inputs, loss_fn, clear=False), device)
     times = []
     for _ in range(max(steps, 1)):
         _sync(device)
@@ -159,7 +159,9 @@ def _step(fn, model, inputs, loss_fn, clear: bool = True) -> None:
     loss_fn(fn(*xs), xs).backward()
 
 
-def _peak(run: Callable[[], None], device: torch.device) -> int:
+def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
+    """Peak memory of `run` above what was allocated before it: CUDA's allocator statistics, or
+    on CPU the running sum of the allocator events torch.profiler records."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)

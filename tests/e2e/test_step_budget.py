@@ -12,7 +12,7 @@ import trainc.step as step_mod
 from trainc.partition import BudgetError
 from trainc.partition.split import tangent_dependent
 from trainc.partition.whole_step import BACKWARD, FORWARD, REGION
-from trainc.report import _peak
+from trainc.report import peak_bytes
 from test_step import OPTIMIZERS, _batches, _compare, _suite_loss
 
 models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
@@ -56,7 +56,7 @@ def test_gpt_budget_lowers_simulated_and_measured_peak(monkeypatch):
     sim = [step_mod.recompute_in_step(traced, dataclasses.replace(config, memory_budget=b))[1]
            .memory.peak for b in (1.0, 0.5)] + [part.memory.peak]
     assert sim[0] >= sim[1] >= sim[2] and sim[2] < 0.7 * sim[0], sim
-    measured = {b: _peak(lambda s=s: s(*inputs), torch.device("cpu")) for b, s in steps.items()}
+    measured = {b: peak_bytes(lambda s=s: s(*inputs), torch.device("cpu")) for b, s in steps.items()}
     # Measured with the profiler's allocator events (the aten backend frees each value after
     # its last use, in graph order, as the partitioner's simulation assumes).
     assert measured[0.0] < 0.75 * measured[None], measured
