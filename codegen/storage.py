@@ -10,8 +10,10 @@ from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
 from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, within_outer
 
 
-def plan_storage(sched: Schedule) -> dict[str, str]:
-    """{buffer: buffer whose storage it takes}; also stored as `sched.graph.storage`."""
+def plan_storage(sched: Schedule, foreign: frozenset = frozenset()) -> dict[str, str]:
+    """{buffer: buffer whose storage it takes}; also stored as `sched.graph.storage`.
+    `foreign`: input buffers on another device than the kernels (CPU scalars such as Adam's
+    step count in a CUDA graph): kernels see copies of them, so they are never written."""
     g = sched.graph
     producer: dict[str, int] = {}
     readers: dict[str, set[int]] = {}
@@ -25,6 +27,7 @@ def plan_storage(sched: Schedule) -> dict[str, str]:
         for b in bufs:
             readers.setdefault(b, set()).add(k)
     unsafe = {a.buf for a in g.outputs if isinstance(a, TensorArg)} | _view_aliased(sched)
+    unsafe |= set(foreign)
     plan: dict[str, str] = {}
     taken: set[str] = set()
     for x, t in g.reuse.items():

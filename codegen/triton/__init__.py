@@ -40,11 +40,12 @@ class TritonBackend:
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
         sched = schedule(lower(gm, LOWERINGS, is_extern))
         # In-place results into the buffers they overwrite: not on CUDA yet. There, AdamW
-        # compile_step went wrong from its 2nd step (H200, 2026-11-30; right with fresh buffers
-        # and under the interpreter, whose programs run one after another): a read/write race
-        # between programs that codegen/storage.py's check does not model.
+        # compile_step went wrong from its 2nd step (H200, 2026-11-30; right with fresh
+        # buffers). Likely cause, fixed by `foreign` but not yet re-checked on a GPU: Adam's
+        # step count is a CPU scalar input, the launcher hands kernels a CUDA copy of it, and
+        # the planned in-place `step += 1` was written into that copy and lost.
         if device.type != "cuda":
-            plan_storage(sched)
+            plan_storage(sched, _foreign(sched, example_inputs, device))
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
         module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)
@@ -85,3 +86,10 @@ def graph_device(gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
         if isinstance(v, torch.Tensor) and v.device.type == "cuda":
             return v.device
     return torch.device("cpu")
+
+
+def _foreign(sched, example_inputs: Sequence, device: torch.device) -> frozenset:
+    """Input buffers whose example tensor lives on another device than the kernels."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    return frozenset(name for name, x in zip(sched.graph.inputs, tensors)
+                     if x.device.type != device.type)

@@ -125,6 +125,30 @@ def test_plan_refuses_a_reader_scheduled_after_the_writer():
     assert plan_storage(late) == {}
 
 
+def test_plan_never_writes_a_foreign_device_input(monkeypatch):
+    """Adam's step counts are CPU scalars; in a CUDA graph kernels get copies of them, so an
+    in-place `step += 1` would be lost (H200: AdamW wrong from step 2). The plan takes such
+    inputs as targets unless they are named `foreign`."""
+    import trainc.codegen.cpp as cpp
+    seen = []
+
+    def spy(sched, foreign=frozenset()):
+        g = sched.graph
+        scalars = frozenset(b for b in g.inputs if g.buffers[b].shape == ())
+        seen.append((set(plan_storage(sched).values()) & scalars,
+                     set(plan_storage(sched, scalars).values()) & scalars))
+        return plan_storage(sched, foreign)
+    monkeypatch.setattr(cpp, "plan_storage", spy)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    torch._dynamo.reset()
+    step = trainc.compile_step(m, lambda mod, x: mod(x).pow(2).mean(), opt, backend="cpp")
+    step(torch.randn(3, 4))
+    step(torch.randn(3, 4))
+    assert any(same for same, _ in seen), "on one device the step counts are bumped in place"
+    assert not any(other for _, other in seen)
+
+
 def _bytes(ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
