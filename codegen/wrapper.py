@@ -35,7 +35,15 @@ class Wrapper:
 
 
 def restride(t: torch.Tensor, stride) -> torch.Tensor:
-    """A copy of t laid out with `stride` (inputs and ATen results the kernels index by stride)."""
+    """t laid out with `stride` (inputs and ATen results the kernels index by stride): t itself
+    when only the strides of size-1 dims differ (they are never used to index), else a copy.
+    A target stride of 0 on a longer dim (an expanded layout) cannot be copied into; the
+    values must then be equal along it, which t's own stride 0 there guarantees."""
+    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
+        return t
+    if any(n > 1 and b == 0 and a != 0 for n, a, b in zip(t.shape, t.stride(), stride)):
+        raise RuntimeError(f"trainc: a tensor of strides {t.stride()} where the compiled code "
+                           f"expects the expanded layout {tuple(stride)}; please report")
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 

@@ -180,6 +180,20 @@ def test_narrow_with_tensor_start_is_a_clear_refusal():
 
 
 @needs_cpp
+def test_cpp_aten_result_with_other_strides_on_size_one_dims():
+    """Was a fuzz failure (nightly, cpp): an mm result of shape (4, 1) came back with strides
+    (0, 1) where the trace said (0, 0); the wrapper copied it into an overlapping layout
+    ("more than one element of the written-to tensor..."). Size-1 dims never index."""
+    def program(x0, x1):
+        v6 = (x0 @ x1) / (x1[:, ::3].abs() + 1)
+        return (torch.logsumexp(v6, -2, keepdim=True),)
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, generator=g).expand(4).requires_grad_()
+    assert_grads_match(program, [x0, torch.randn(4, 3, generator=g, requires_grad=True)],
+                       backend="cpp", memory_budget=0.5)
+
+
+@needs_cpp
 def test_cpp_cummax_of_0d_tensor():
     """Was an OpInfo sweep failure: scatter_add of a 0-d tensor (cummax backward) indexed a
     dim it does not have; now an ATen fallback."""
