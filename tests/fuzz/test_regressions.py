@@ -194,6 +194,19 @@ def test_cpp_aten_result_with_other_strides_on_size_one_dims():
 
 
 @needs_cpp
+def test_cpp_bf16_log_softmax_of_0d_tensor():
+    """Was a fuzz failure (helper, seed 14802): 0.2207 where eager gives 0; fixed by rounding
+    lowered bf16 values at every node."""
+    def program(x0, x1):
+        v1 = torch.tanh(2 * x1 / (x0.abs() + 1))
+        ls = torch.log_softmax(v1, 0)
+        return (torch.where(ls > 0, v1, ls),)
+    g = torch.Generator().manual_seed(14802)
+    x0, x1 = (torch.randn((), generator=g, dtype=torch.float64).bfloat16() for _ in range(2))
+    assert_grads_match(program, [x0, x1.requires_grad_()], backend="cpp")
+
+
+@needs_cpp
 def test_cpp_cummax_of_0d_tensor():
     """Was an OpInfo sweep failure: scatter_add of a 0-d tensor (cummax backward) indexed a
     dim it does not have; now an ATen fallback."""
