@@ -84,8 +84,9 @@ class KernelPrinter:
         return self.rmask if axes == {"r"} else f"xmask & {self.rmask}"
 
     def keep(self, body: Body, buf: str, v: str) -> None:
-        """Later steps of this kernel read `buf` as v, rounded as the stored buffer is: a
-        bf16 value must compare equal to itself reloaded (amax backward's x == max)."""
+        """Later steps of this kernel read reduction result `buf` as v, rounded as the stored
+        buffer is: a bf16 value must compare equal to itself reloaded (amax backward's
+        x == max). Pointwise values come rounded from the lowering (graph._rounded)."""
         dt = self.g.buffers[buf].dtype
         if dt in (torch.bfloat16, torch.float16):
             r = self.tmp()
@@ -162,7 +163,7 @@ class KernelPrinter:
             if n.name not in self.k.local:
                 b = self.g.buffers[n.name]
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
-            self.keep(body, n.name, v)
+            self.values[n.name] = v
         total = _numel(shape)
         lines = self._header(self.k.name, body, total)
         return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "1d", total, 0, 0)
@@ -218,7 +219,7 @@ class KernelPrinter:
                     b = self.g.buffers[n.name]
                     idx = inner.index(ir.linear(osyms + isyms, b.stride))
                     self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
-                self.keep(inner, n.name, v)
+                self.values[n.name] = v
             else:
                 self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
         self.values = saved
@@ -282,7 +283,9 @@ class KernelPrinter:
             body.emit(f"{a} = tl.where({take}, {v}, {a})")
             body.emit(f"{acc[1]} = tl.where({take}, {rindex} + xz, {acc[1]})")
 
-    def _finish(self, body: Body, n: ComputeNode, acc: list[str], osyms) -> None:
+    def combine(self, body: Body, n: ComputeNode, acc: list[str]) -> str:
+        """The accumulator tile of reduction n reduced along its row: a [XBLOCK, 1] variable
+        (max/min: NaN where any element was NaN)."""
         f = self.tmp()
         op, a = n.reduce_op, acc[0]
         if op == "sum":
@@ -298,6 +301,10 @@ class KernelPrinter:
         else:
             body.emit(f"_, {f} = tl.reduce(({a}, {acc[1]}), 1, _{op}_combine)")
             body.emit(f"{f} = {f}[:, None]")
+        return f
+
+    def _finish(self, body: Body, n: ComputeNode, acc: list[str], osyms) -> None:
+        f = self.combine(body, n, acc)
         if _expr_dtype(n) == torch.bool:
             body.emit(f"{f} = {f} != 0")
         self.axes[f] = frozenset({"x"})

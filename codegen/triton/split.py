@@ -107,18 +107,7 @@ def _stage_a(p, outer: Body, lp: Loop, k: int) -> None:
         else:
             p._accumulate(inner, n, accs[n.name], n.fn((), isyms), rindex)
     for n in reds:
-        f = p.tmp()
-        a = accs[n.name]
-        if n.reduce_op == "sum":
-            outer.emit(f"{f} = tl.sum({a[0]}, 1)[:, None]")
-        elif n.reduce_op == "prod":
-            outer.emit(f"{f} = tl.reduce({a[0]}, 1, _prod)[:, None]")
-        else:
-            outer.emit(f"{f} = tl.{n.reduce_op}({a[0]}, 1)[:, None]")
-            if p_acc_dtype(n).is_floating_point:
-                nan = p.const(ir.Const(float("nan"), p_acc_dtype(n)))
-                outer.emit(f"{f} = tl.where(tl.max({a[1]}.to(tl.int32), 1)[:, None] > 0, "
-                           f"{nan}, {f})")
+        f = p.combine(outer, n, accs[n.name])
         outer.emit(f"tl.store({n.name}_part + pid + xz, {f}, mask=xmask)")
 
 

@@ -13,7 +13,7 @@ from trainc.partition import BudgetError
 from trainc.partition.split import tangent_dependent
 from trainc.partition.whole_step import BACKWARD, FORWARD, REGION
 from trainc.report import peak_bytes
-from test_step import OPTIMIZERS, _batches, _compare, _suite_loss
+from test_step import OPTIMIZERS, _accumulate_like_eager, _batches, _compare, _suite_loss
 
 models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
 
@@ -56,7 +56,8 @@ def test_gpt_budget_lowers_simulated_and_measured_peak(monkeypatch):
     sim = [step_mod.recompute_in_step(traced, dataclasses.replace(config, memory_budget=b))[1]
            .memory.peak for b in (1.0, 0.5)] + [part.memory.peak]
     assert sim[0] >= sim[1] >= sim[2] and sim[2] < 0.7 * sim[0], sim
-    measured = {b: peak_bytes(lambda s=s: s(*inputs), torch.device("cpu")) for b, s in steps.items()}
+    cpu = torch.device("cpu")
+    measured = {b: peak_bytes(lambda s=s: s(*inputs), cpu) for b, s in steps.items()}
     # Measured with the profiler's allocator events (the aten backend frees each value after
     # its last use, in graph order, as the partitioner's simulation assumes).
     assert measured[0.0] < 0.75 * measured[None], measured
@@ -131,18 +132,9 @@ def test_accumulation_with_budget_matches_eager():
     step = trainc.compile_step(mc, _ce, torch.optim.AdamW(mc.parameters(), lr=0.01),
                                backend="aten", memory_budget=0.0)
     g = torch.Generator().manual_seed(0)
-    for i in range(6):
-        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
-        _ce(me, x, y).backward()
-        if i % 2:
-            oe.step()
-            oe.zero_grad(set_to_none=True)
-            step(x, y)
-        else:
-            step(x, y, accumulate=True)
-            torch.testing.assert_close(mc[0].weight.grad, me[0].weight.grad)
-    for a, b in zip(mc.parameters(), me.parameters()):
-        torch.testing.assert_close(a, b)
+    batches = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
+               for _ in range(6)]
+    _accumulate_like_eager(me, mc, oe, step, batches, every=2)
 
 
 def _ce(model, x, y):
