@@ -1,6 +1,6 @@
 """GPU smoke check: trainc.compile and compile_step on CUDA against eager and a float64 reference.
 
-    python benchmarks/gpu_smoke.py [--backend aten] [--scale cpu]
+    python benchmarks/gpu_smoke.py [--backend aten] [--scale cpu] [--only "in place,dropout"]
 
 Prints one line per check (PASS/FAIL with errors) and exits non-zero if any check failed.
 """
@@ -29,7 +29,12 @@ from policy import assert_policy  # noqa: E402
 FAILURES: list[str] = []
 
 
+ONLY: list[str] = []  # --only: run the checks whose name contains one of these
+
+
 def check(name: str, fn) -> None:
+    if ONLY and not any(o in name for o in ONLY):
+        return
     try:
         fn()
         print(f"PASS {name}", flush=True)
@@ -164,7 +169,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="aten")
     ap.add_argument("--scale", default="cpu")
+    ap.add_argument("--only", default="", help="comma-separated substrings of check names")
     a = ap.parse_args()
+    ONLY.extend(o for o in a.only.split(",") if o)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {a.backend}")
     for name in models.NAMES:
         check(f"grads {name} {a.scale}", lambda: grads_match(name, a.backend, a.scale))
