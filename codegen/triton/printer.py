@@ -103,7 +103,7 @@ class KernelPrinter:
             return self.values[e.buf]
         b = self.g.buffers[e.buf]
         if _numel(b.shape) == 0:  # only read in empty loops; a load (masked or not, the index
-            return f"tl.full([], 0, {TL[compute(b.dtype)]})"  # may be constant) would be OOB
+            return f"xz.to({TL[compute(b.dtype)]})"  # may be constant) would be out of bounds
         idx = body.index(e.index)
         m = self.mask(body.axes_of(e.index))
         if e.buf in self.rename_loads:  # kept in compute precision: no conversion
