@@ -44,8 +44,8 @@ def check(name: str, fn) -> None:
         traceback.print_exc(limit=3)
 
 
-def grads_match(name: str, backend: str, scale: str) -> None:
-    model, inputs, loss = models.build(name, "cuda", scale)
+def grads_match(name: str, backend: str, scale: str, dtype=torch.float32) -> None:
+    model, inputs, loss = models.build(name, "cuda", scale, dtype=dtype)
     runs = {}
     for kind in ("eager", "trainc", "ref"):
         m = copy.deepcopy(model).double() if kind == "ref" else copy.deepcopy(model)
@@ -180,6 +180,9 @@ def main() -> None:
     for name in models.NAMES:
         check(f"grads {name} {a.scale}", lambda: grads_match(name, a.backend, a.scale))
         check(f"compile_step {name} {a.scale}", lambda: step_matches(name, a.backend, a.scale))
+    for name in models.NAMES:
+        check(f"grads bfloat16 {name} {a.scale}",
+              lambda: grads_match(name, a.backend, a.scale, torch.bfloat16))
     for name in models.NAMES:
         check(f"compile_step in place {name} {a.scale}",
               lambda: step_in_place(name, a.backend, a.scale))
