@@ -282,7 +282,7 @@ class GraphLowering:
         if not isinstance(v, TensorValue) or v.view is not None:
             return
         n = ir.size_of(EXPR_LIMIT, v(ir.symbols("t", v.shape)))
-        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT):
+        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT) or _crosses(node):
             self.env[node] = self.realize(v)
 
     def _output(self, a) -> Any:
@@ -292,6 +292,14 @@ class GraphLowering:
         if v.view is None:
             v = self.realize(v)
         return self.tensor_arg(v)
+
+
+def _crosses(node: fx.Node) -> bool:
+    """Is the node read in another region (compile_step with a budget)? Its value is then
+    stored where the partitioner put it: inlined into a later region's kernel, it would keep
+    its own inputs alive until there (the backward would hold x instead of gelu'(x))."""
+    r = node.meta.get("trainc_region")
+    return r is not None and any(u.meta.get("trainc_region", r) != r for u in node.users)
 
 
 _getitem = __import__("operator").getitem
