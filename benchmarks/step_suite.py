@@ -138,7 +138,7 @@ def run_model(name: str, dtype: torch.dtype, args, device: str, lock) -> list[di
                 e["times"].append(ms)
     for mode, e in entries.items():
         rows.append(_row(name, dtype, mode, args, step_ms=round(statistics.median(e["times"]), 3),
-                         peak_mib=round(e["peak"], 1), first_call_s=round(e["first"], 2),
+                         peak_mib=round(e["peak"], 2), first_call_s=round(e["first"], 2),
                          loss=float(e["loss"])))
         print(json.dumps(rows[-1]), flush=True)
     entries.clear()
@@ -182,17 +182,21 @@ def _geo(xs: list[float]) -> float:
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    ok = [r for r in rows if not r.get("error")]
     get = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
-    pairs = list(dict.fromkeys((r["model"], r["dtype"]) for r in rows))
+    return "\n".join([header, ""] + _summary(rows, get) + _budget_rows(rows, get)
+                     + _all_rows(rows)) + "\n"
+
+
+def _summary(rows: list[dict], get: dict) -> list[str]:
+    """One line per (model, dtype), trainc against the best torch.compile arrangement."""
     main = [m for m in MODES if not m.endswith("_budget")]
-    out = [header, "", "Cells: median step ms / peak MiB / first call s. Best torch.compile = "
-           "the lower of inductor and inductor_loss, for time and for memory separately.", "",
+    out = ["Cells: median step ms / peak MiB / first call s. Best torch.compile = the lower of "
+           "inductor and inductor_loss, for time and for memory separately.", "",
            "| model | dtype | " + " | ".join(m.replace("_", " ") for m in main)
            + " | trainc/best compile ms | trainc/best compile MiB |",
            "|---|---|" + "---|" * (len(main) + 2)]
     ratios: dict[str, list[tuple[float, float]]] = {}
-    for name, dt in pairs:
+    for name, dt in dict.fromkeys((r["model"], r["dtype"]) for r in rows):
         ratio = ["", ""]
         t, comp = get.get((name, dt, "trainc")), [get.get((name, dt, m)) for m in COMPILED]
         comp = [c for c in comp if c is not None and not c.get("error")]
@@ -209,20 +213,30 @@ def markdown(rows: list[dict], header: str) -> str:
     for dt, v in list(ratios.items()) + [("all", everything)]:
         out.append(f"- geomean trainc / best torch.compile ({dt}, {len(v)} models): time "
                    f"{_geo([a for a, _ in v]):.2f}x, peak {_geo([b for _, b in v]):.2f}x")
-    budget = [r for r in ok if r["mode"].endswith("_budget")]
-    if budget:
-        out += ["", "Memory budget rows (with the same model's unbudgeted rows):", "",
-                "| model | dtype | mode | step ms | peak MiB | first call s |", "|---|---|---|---|---|---|"]
-        for name, dt in dict.fromkeys((r["model"], r["dtype"]) for r in budget):
-            for m in ("inductor_loss", "inductor_budget", "trainc", "trainc_budget"):
-                r = get.get((name, dt, m))
-                if r is not None and not r.get("error"):
-                    label = m + (f" ({r['budget']})" if r["budget"] is not None else "")
-                    out.append(f"| {name} | {dt} | {label} | {r['step_ms']} | {r['peak_mib']} "
-                               f"| {r['first_call_s']} |")
-    out += ["", "All rows (loss: the last timed step's; modes of one model ran the same steps):",
-            "", "| model | dtype | mode | step ms | peak MiB | first call s | loss |",
-            "|---|---|---|---|---|---|---|"]
+    return out
+
+
+def _budget_rows(rows: list[dict], get: dict) -> list[str]:
+    budget = [r for r in rows if r["mode"].endswith("_budget") and not r.get("error")]
+    if not budget:
+        return []
+    out = ["", "Memory budget rows (with the same model's unbudgeted rows):", "",
+           "| model | dtype | mode | step ms | peak MiB | first call s |",
+           "|---|---|---|---|---|---|"]
+    for name, dt in dict.fromkeys((r["model"], r["dtype"]) for r in budget):
+        for m in ("inductor_loss", "inductor_budget", "trainc", "trainc_budget"):
+            r = get.get((name, dt, m))
+            if r is not None and not r.get("error"):
+                label = m + (f" ({r['budget']})" if r["budget"] is not None else "")
+                out.append(f"| {name} | {dt} | {label} | {r['step_ms']} | {r['peak_mib']} "
+                           f"| {r['first_call_s']} |")
+    return out
+
+
+def _all_rows(rows: list[dict]) -> list[str]:
+    out = ["", "All rows (loss: the last timed step's; modes of one model ran the same steps):",
+           "", "| model | dtype | mode | step ms | peak MiB | first call s | loss |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
             out.append(f"| {r['model']} | {r['dtype']} | {r['mode']} | error: "
@@ -230,7 +244,7 @@ def markdown(rows: list[dict], header: str) -> str:
         else:
             out.append(f"| {r['model']} | {r['dtype']} | {r['mode']} | {r['step_ms']} | "
                        f"{r['peak_mib']} | {r['first_call_s']} | {r['loss']:.6g} |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_outputs(rows: list[dict], meta: dict, out: str) -> str:

@@ -295,11 +295,11 @@ class GraphLowering:
 
 
 def _crosses(node: fx.Node) -> bool:
-    """Is the node read in another region (compile_step with a budget)? Its value is then
-    stored where the partitioner put it: inlined into a later region's kernel, it would keep
-    its own inputs alive until there (the backward would hold x instead of gelu'(x))."""
-    r = node.meta.get("trainc_region")
-    return r is not None and any(u.meta.get("trainc_region", r) != r for u in node.users)
+    """Is a forward value read by the backward (compile_step with a budget, which tags forward
+    nodes 0)? It is then stored where the partitioner put it: inlined into a backward kernel, it
+    would keep its own inputs alive until there (the backward would hold x, not gelu'(x))."""
+    return node.meta.get("trainc_region") == 0 and \
+        any(u.meta.get("trainc_region", 0) != 0 for u in node.users)
 
 
 _getitem = __import__("operator").getitem
