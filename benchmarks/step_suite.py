@@ -7,7 +7,7 @@ vs trainc.compile_step, in one process per shard, interleaved, median of many st
 Modes: eager_foreach (AdamW foreach), eager_fused (AdamW fused=True), inductor (torch.compile of
 the model, of the loss, and of optimizer.step), inductor_loss (model and loss in one compiled
 function, optimizer.step compiled), trainc (trainc.compile_step), and on --budget-models only:
-inductor_budget (the inductor_loss arrangement under PyTorch's activation_memory_budget=--budget),
+inductor_budget (the inductor arrangement under PyTorch's activation_memory_budget=--budget),
 trainc_budget (compile_step with memory_budget=--budget). Per row: median step ms, peak MiB above
 the starting allocation (CUDA: allocator statistics; CPU: torch.profiler allocator events), first
 call s, last loss. Writes DIR/step_suite.md (tables, trainc vs the best torch.compile
@@ -61,10 +61,10 @@ def make_step(mode: str, model, loss, args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None,
                             foreach=None if fused else True)
     forward_loss, opt_step = (lambda *xs: loss(model(*xs), xs)), opt.step
-    if mode == "inductor":
+    if mode in ("inductor", "inductor_budget"):  # the anchor: loss outside the graph
         fwd, compiled_loss = torch.compile(model), torch.compile(loss)
         forward_loss, opt_step = (lambda *xs: compiled_loss(fwd(*xs), xs)), torch.compile(opt.step)
-    elif mode in ("inductor_loss", "inductor_budget"):  # the loss inside the model's graph
+    elif mode == "inductor_loss":  # the loss inside the model's graph
         forward_loss, opt_step = torch.compile(forward_loss), torch.compile(opt.step)
     # PyTorch's budget is a global read when the joint graph is partitioned (first call and
     # any recompile), so every call runs under it.
@@ -224,7 +224,7 @@ def _budget_rows(rows: list[dict], get: dict) -> list[str]:
            "| model | dtype | mode | step ms | peak MiB | first call s |",
            "|---|---|---|---|---|---|"]
     for name, dt in dict.fromkeys((r["model"], r["dtype"]) for r in budget):
-        for m in ("inductor_loss", "inductor_budget", "trainc", "trainc_budget"):
+        for m in ("inductor", "inductor_loss", "inductor_budget", "trainc", "trainc_budget"):
             r = get.get((name, dt, m))
             if r is not None and not r.get("error"):
                 label = m + (f" ({r['budget']})" if r["budget"] is not None else "")
