@@ -282,7 +282,7 @@ class GraphLowering:
         if not isinstance(v, TensorValue) or v.view is not None:
             return
         n = ir.size_of(EXPR_LIMIT, v(ir.symbols("t", v.shape)))
-        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT):
+        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT) or _crosses(node):
             self.env[node] = self.realize(v)
 
     def _output(self, a) -> Any:
@@ -308,6 +308,14 @@ class GraphLowering:
             [zero if d in flat else x for d, x in enumerate(i)])))
         stride = tuple(0 if d in flat else st for d, st in enumerate(one.view.stride))
         return ir.buffer_value(one.view.buf, v.shape, stride, v.dtype)
+
+
+def _crosses(node: fx.Node) -> bool:
+    """Is a forward value read by the backward (compile_step with a budget, which tags forward
+    nodes 0)? It is then stored where the partitioner put it: inlined into a backward kernel, it
+    would keep its own inputs alive until there (the backward would hold x, not gelu'(x))."""
+    return node.meta.get("trainc_region") == 0 and \
+        any(u.meta.get("trainc_region", 0) != 0 for u in node.users)
 
 
 _getitem = __import__("operator").getitem

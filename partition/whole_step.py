@@ -20,9 +20,11 @@ from trainc.partition.policy import DEFAULT_POLICY
 from trainc.partition.save_all import save_all_nodes
 from trainc.partition.split import tangent_dependent
 
-# node.meta[REGION] on a rewritten step graph: FORWARD or BACKWARD (backward, optimizer update
-# and the recomputed copies). Code generators must not fuse across regions: a recomputed copy
-# fused into a forward kernel would be computed early and kept alive, undoing the budget.
+# node.meta[REGION] on a rewritten step graph: FORWARD, or BACKWARD + k for the k-th stretch of
+# the backward (backward, optimizer update and recomputed copies), a new stretch starting at each
+# run of recomputed copies. Code generators must not fuse across regions: a recomputed copy fused
+# into an earlier kernel (forward or backward) would be computed early and kept alive, undoing
+# the budget; inside a stretch it still fuses with the backward nodes that read it.
 REGION = "trainc_region"
 FORWARD, BACKWARD = 0, 1
 PLANS = "trainc_step_plans"  # gm.meta: candidate plans of a step graph, per save policy
@@ -119,6 +121,7 @@ def _inline(graph: fx.Graph, sub: fx.GraphModule, placeholder, region: int) -> l
     input. Returns the outputs."""
     env: dict[fx.Node, fx.Node] = {}
     i = 0
+    regions = _stretches(sub) if region == BACKWARD else {}
     for n in sub.graph.nodes:
         if n.op == "placeholder":
             env[n] = placeholder(i, n)
@@ -127,5 +130,21 @@ def _inline(graph: fx.Graph, sub: fx.GraphModule, placeholder, region: int) -> l
             return [env[a] if isinstance(a, fx.Node) else a for a in n.args[0]]
         else:
             env[n] = graph.node_copy(n, lambda a: env[a])
-            env[n].meta[REGION] = region
+            env[n].meta[REGION] = regions.get(n, region)
     raise AssertionError("trainc: a partitioned graph without an output node")
+
+
+def _stretches(bwd: fx.GraphModule) -> dict[fx.Node, int]:
+    """Region of each backward node: BACKWARD + the number of recomputation runs before it
+    (a run: consecutive nodes that do not depend on the tangent, i.e. recomputed copies)."""
+    out: dict[fx.Node, int] = {}
+    backward = tangent_dependent(bwd)
+    k, prev_copy = BACKWARD - 1, False
+    for n in bwd.graph.nodes:
+        if n.op != "call_function":
+            continue
+        copy = n not in backward
+        if copy and not prev_copy or k < BACKWARD:
+            k += 1
+        out[n], prev_copy = k, copy
+    return out

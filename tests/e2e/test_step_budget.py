@@ -63,13 +63,53 @@ def test_gpt_budget_lowers_simulated_and_measured_peak(monkeypatch):
     assert measured[0.0] < 0.75 * measured[None], measured
 
 
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_budget_lowers_the_peak_of_generated_code(backend):
+    """Generated code keeps the partitioner's plan: a forward value the backward reads is stored
+    (not inlined into a backward kernel, keeping its inputs alive), and recomputed copies are
+    not fused into earlier kernels. Before both, cpp at budget 0 peaked at 0.63x of no budget."""
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 128),
+                                      nn.GELU(approximate="tanh"), nn.Linear(128, 32))
+                        for _ in range(3)])
+    x = torch.randn(128, 32)
+    loss_fn = lambda mod, x: mod(x).pow(2).mean()
+    peak = {}
+    for budget in (None, 0.0):
+        mm = copy.deepcopy(m)
+        step = trainc.compile_step(mm, loss_fn, torch.optim.AdamW(mm.parameters(), lr=1e-3),
+                                   backend=backend, memory_budget=budget)
+        step(x)
+        peak[budget] = peak_bytes(lambda: step(x), torch.device("cpu"))
+    assert peak[0.0] < 0.45 * peak[None], peak
+
+
+def test_budget_keeps_parameter_updates_in_place_on_cpp():
+    """Parameters dominate this model: a budget must not cost the in-place update (values that
+    cross backward regions are left to fusion; storing them doubled the peak: 9.75 -> 16 MiB on
+    the suite's mlp)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128), nn.GELU(),
+                      nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+    x = torch.randn(8, 128)
+    peak = {}
+    for budget in (None, 0.0):
+        mm = copy.deepcopy(m)
+        step = trainc.compile_step(mm, lambda mod, x: mod(x).pow(2).mean(),
+                                   torch.optim.AdamW(mm.parameters(), lr=1e-3),
+                                   backend="cpp", memory_budget=budget)
+        step(x)
+        peak[budget] = peak_bytes(lambda: step(x), torch.device("cpu"))
+    assert peak[0.0] <= 1.05 * peak[None], peak
+
+
 def _check_regions(gm):
     backward = tangent_dependent(gm)
     regions = {n: n.meta.get(REGION) for n in gm.graph.nodes if n.op == "call_function"}
-    copies = [n for n, r in regions.items() if r == BACKWARD and n not in backward]
+    copies = [n for n, r in regions.items() if r >= BACKWARD and n not in backward]
     assert copies, "budget 0 must recompute forward values in the backward"
-    assert all(r in (FORWARD, BACKWARD) for r in regions.values())
-    assert all(regions[n] == BACKWARD for n in backward if n.op == "call_function")
+    assert all(isinstance(r, int) and r >= FORWARD for r in regions.values())
+    assert all(regions[n] >= BACKWARD for n in backward if n.op == "call_function")
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     first_bwd = min(order[n] for n in backward if n.op == "call_function")
     assert all(order[n] > first_bwd for n in copies)
