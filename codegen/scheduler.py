@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import sympy
 
-from trainc.codegen import ir
+from trainc.codegen import ir, reshape
 from trainc.codegen.graph import CallNode, ComputeNode, LoweredGraph
 from trainc.codegen import KernelInfo
 
@@ -79,6 +79,7 @@ class _Builder:
         self.producer: dict[str, int] = {}  # buffer -> item index
         self.deps: list[set[int]] = []  # item -> items it reads from directly
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
+        self.reshaped: set[str] = set()  # buffers whose nodes joined a kernel reshaped
 
     def add_call(self, c: CallNode) -> None:
         bufs = set(_call_buffers(c))
@@ -101,8 +102,12 @@ class _Builder:
         if n.kind != "scatter":
             for k in self._candidates(bufs):
                 score = self._score(k, bufs)
-                if score > best_score and self._legal(k, n):
-                    best, best_score = k, score
+                if score > best_score:
+                    fit = self._legal(k, n)
+                    if fit is not None:
+                        best, best_score, joining = k, score, fit
+        if best is not None and joining[0] is not n:
+            n = self._reshape(n, *joining)
         if best is None:
             kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
             if n.kind == "reduction":
@@ -128,18 +133,34 @@ class _Builder:
         return sum(self.g.buffers[b].nbytes for b in bufs
                    if self.producer.get(b) == k or b in self.reads[k])
 
-    def _legal(self, k: int, n: ComputeNode) -> bool:
+    def _legal(self, k: int, n: ComputeNode) -> Optional[tuple]:
+        """(n, None) when n may join kernel k, (n viewed in another shape, its buffer's layout
+        there) when it may join so reshaped, else None."""
         kern = self.items[k]
         if kern.nodes and kern.nodes[0].region != n.region:
-            return False
+            return None
+        fit: Optional[tuple] = (n, None)
         outer = _join_outer(kern, n)
         if outer is False:
-            return False
+            shape = reshape.target_shape(kern, n)
+            fit = None if shape is None else reshape.reshaped(n, shape, self.g.buffers[n.name])
+            if fit is None:
+                return None
+            outer = _join_outer(kern, fit[0])
+            if outer is False:
+                return None
         for b in {l.buf for l in reads(n)}:
             p = self.producer.get(b)
             if p is not None and p != k and self._reaches(p, k):
-                return False  # n needs something that itself needs this kernel: a cycle
-        return _reads_ok(kern, n, outer, self.g)
+                return None  # n needs something that itself needs this kernel: a cycle
+        return fit if _reads_ok(kern, fit[0], outer, self.g) else None
+
+    def _reshape(self, n: ComputeNode, m: ComputeNode, buf) -> ComputeNode:
+        """From now on n is computed (and its buffer indexed) in m's shape."""
+        self.g.buffers[n.name] = buf
+        self.g.steps[next(i for i, x in enumerate(self.g.steps) if x is n)] = m
+        self.reshaped.add(n.name)
+        return m
 
     def _reaches(self, start: int, target: int) -> bool:
         """Does item `start` depend (transitively) on item `target`?"""
@@ -236,6 +257,7 @@ def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Sch
             b.add_call(step)
         else:
             b.add_node(step)
+    reshape.retarget_args(g, b.reshaped)
     order = _topo(b.deps)
     items = [b.items[k] for k in order]
     outside = _outside_reads(b, g)

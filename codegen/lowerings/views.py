@@ -23,50 +23,15 @@ def reshape(x: TensorValue, shape) -> TensorValue:
     if numel(shape) == 0:
         zero = ir.Const(0, x.dtype)
         return TensorValue(shape, x.dtype, lambda i: cast(zero, x.dtype))
-    groups = _groups(x.shape, shape)
+    groups = ir.reshape_groups(x.shape, shape)
 
     def fn(idx):
-        old = [sympy.Integer(0)] * len(x.shape)
-        for oi, nj in groups:
-            g = ir.linear([idx[j] for j in nj], ir.contiguous_strides([shape[j] for j in nj]))
-            after = 1
-            for k in reversed(oi):
-                old[k] = ir.ModIndex(ir.FloorDiv(g, after), x.shape[k])
-                after *= x.shape[k]
-        return x(old)
+        return x(ir.reshape_index(idx, shape, x.shape))
     stride = _view_strides(x, shape, groups) if x.view is not None else None
     if stride is None:
         return TensorValue(shape, x.dtype, fn)
     # A value with a StridedView reads its buffer directly: index it with the new strides.
     return ir.buffer_value(x.view.buf, shape, stride, x.dtype, x.view.offset)
-
-
-def _groups(old, new) -> list[tuple[list[int], list[int]]]:
-    """Minimal runs of old and new dims with equal products; size-1 dims stand alone."""
-    i = j = 0
-    out = []
-    while i < len(old) or j < len(new):
-        if j < len(new) and new[j] == 1 and (i >= len(old) or old[i] != 1):
-            out.append(([], [j]))
-            j += 1
-            continue
-        if i < len(old) and old[i] == 1 and (j >= len(new) or new[j] != 1):
-            out.append(([i], []))
-            i += 1
-            continue
-        oi, nj, po, pn = [i], [j], old[i], new[j]
-        i, j = i + 1, j + 1
-        while po != pn:
-            if po < pn:
-                oi.append(i)
-                po *= old[i]
-                i += 1
-            else:
-                nj.append(j)
-                pn *= new[j]
-                j += 1
-        out.append((oi, nj))
-    return out
 
 
 def _view_strides(x: TensorValue, shape, groups):

@@ -1,0 +1,106 @@
+"""Fusion across reshapes: a compute node viewed in another shape of the same size ([B, T, C] as
+[B*T, C], [B*H, T, T] as [B, H, T, T]) so that it can join a kernel iterating that shape.
+Its contiguous buffer keeps its memory layout; only the shape the kernels index it by changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from trainc.codegen import ir
+from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def refines(a, b) -> bool:
+    """Is one of the row-major shapes a and b a refinement of the other (each dim of the coarser
+    one a run of dims of the finer one)? Then the index arithmetic between them is a split of
+    one loop variable or an affine combination of several."""
+    def cuts(shape):
+        out, acc = set(), 1
+        for s in reversed(shape):
+            acc *= int(s)
+            out.add(acc)
+        return out
+    ca, cb = cuts(a), cuts(b)
+    return ca <= cb or cb <= ca
+
+
+def target_shape(kern, n: ComputeNode) -> Optional[tuple[int, ...]]:
+    """The shape n (for a reduction: its outer shape) must take to join `kern`, or None."""
+    first, size = kern.nodes[0], _numel(n.shape)
+    if size == 0:
+        return None
+    if kern.outer is None:  # the kernel holds same-shape pointwise nodes of first.shape
+        if n.kind == "pointwise":
+            return tuple(first.shape) if _numel(first.shape) == size else None
+        for k in range(1, len(first.shape) + 1):  # a reduction's outer: a prefix of the space
+            if _numel(first.shape[:k]) == size:
+                return tuple(first.shape[:k])
+        return None
+    outer = tuple(kern.outer)
+    if n.kind == "reduction":
+        return outer if _numel(outer) == size else None
+    if _numel(outer) == 0 or size % _numel(outer):
+        return None
+    rest = size // _numel(outer)
+    for m in kern.nodes:  # the inner shape of a pointwise node already there: loops can merge
+        if m.kind == "pointwise" and _numel(m.shape[len(outer):]) == rest:
+            return outer + tuple(m.shape[len(outer):])
+    acc = 1
+    for k in range(len(n.shape) - 1, -1, -1):
+        acc *= n.shape[k]
+        if acc == rest:
+            return outer + tuple(n.shape[k:])
+    return outer + (rest,)
+
+
+def reshaped(n: ComputeNode, shape: tuple[int, ...],
+             buf: Buffer) -> Optional[tuple[ComputeNode, Buffer]]:
+    """n computing the same data in `shape`, and its buffer's layout in that shape; None when
+    the shapes do not refine each other or the buffer is not contiguous."""
+    if n.kind not in ("pointwise", "reduction") or _numel(shape) != _numel(n.shape):
+        return None
+    if not refines(n.shape, shape) or not _contiguous(buf):
+        return None
+    old, fn = tuple(n.shape), n.fn
+    if n.kind == "pointwise":
+        def new_fn(idx):
+            return fn(ir.reshape_index(idx, shape, old))
+    else:
+        def new_fn(idx, r):
+            return fn(ir.reshape_index(idx, shape, old), r)
+    node = dataclasses.replace(n, shape=tuple(shape), fn=new_fn)
+    return node, Buffer(buf.name, tuple(shape), ir.contiguous_strides(shape), buf.dtype, buf.kind)
+
+
+def _contiguous(b: Buffer) -> bool:
+    want = ir.contiguous_strides(b.shape)
+    return all(s == 1 or x == y for s, x, y in zip(b.shape, b.stride, want))
+
+
+def retarget_args(g: LoweredGraph, names: set[str]) -> None:
+    """Calls and graph outputs that took a reshaped buffer whole now view it in their shape."""
+    if not names:
+        return
+
+    def fix(a):
+        if isinstance(a, TensorArg):
+            if a.buf in names and a.whole:
+                b = g.buffers[a.buf]
+                return dataclasses.replace(a, stride=a.stride, whole=b.shape == a.shape)
+            return a
+        if isinstance(a, (list, tuple)):
+            return type(a)(fix(x) for x in a)
+        return a
+    for step in g.steps:
+        if isinstance(step, CallNode):
+            step.args = fix(step.args)
+            step.kwargs = {k: fix(v) for k, v in step.kwargs.items()}
+    g.outputs = [fix(a) for a in g.outputs]
