@@ -174,7 +174,19 @@ lshift rshift where cast philox_uniform
 
 def op(name: str, dtype: torch.dtype, *args: Expr) -> Op:
     assert name in OPS, name
+    if name in _COMMUTATIVE and _rank(args[0]) > _rank(args[1]):
+        # one spelling for a*b and b*a (IEEE add/mul commute exactly), so that CSE sees that a
+        # recomputed forward value and the backward's own formula of it are the same
+        args = (args[1], args[0])
     return Op(name, tuple(args), dtype)
+
+
+_COMMUTATIVE = frozenset({"add", "mul"})
+
+
+def _rank(e: Expr) -> int:
+    """Operand order of commutative ops: loads and indices, then computed values, constants."""
+    return 2 if isinstance(e, Const) else 1 if isinstance(e, Op) else 0
 
 
 def walk(e: Expr, seen: Optional[set] = None):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import sympy
+
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
 
@@ -59,6 +61,43 @@ def target_shape(kern, n: ComputeNode) -> Optional[tuple[int, ...]]:
         if acc == rest:
             return outer + tuple(n.shape[k:])
     return outer + (rest,)
+
+
+def refined_shape(n: ComputeNode) -> Optional[tuple[int, ...]]:
+    """n's shape with dims split where n's index arithmetic divides a loop variable (x // p and
+    x % p, as in a cat of equal parts or heads split off a channel dim): the pieces become loop
+    variables of their own and the indexing affine. None when nothing splits."""
+    if n.kind != "pointwise" or not n.shape:
+        return None
+    syms = ir.symbols("r", n.shape)
+    cuts: dict = {s: set() for s in syms}
+    for index in _indices(n.fn(syms)):
+        for x in sympy.preorder_traversal(index):
+            if isinstance(x, (ir.FloorDiv, ir.ModIndex)) and x.args[0] in cuts:
+                c, size = int(x.args[1]), ir.RANGES[x.args[0]]
+                if 1 < c < size and size % c == 0:
+                    cuts[x.args[0]].add(c)
+    if not any(cuts.values()):
+        return None
+    shape: list[int] = []
+    for s, size in zip(syms, n.shape):
+        chain = [1]
+        for c in sorted(cuts[s]):  # nested splits only: each cut divides the next
+            if c % chain[-1] == 0:
+                chain.append(c)
+        chain.append(size)
+        shape += [chain[k + 1] // chain[k] for k in range(len(chain) - 2, -1, -1)]
+    return tuple(shape)
+
+
+def _indices(e: ir.Expr) -> list:
+    out = []
+    for x in ir.walk(e):
+        if isinstance(x, ir.Load):
+            out.append(x.index)
+        elif isinstance(x, ir.IndexValue):
+            out.append(x.expr)
+    return out
 
 
 def reshaped(n: ComputeNode, shape: tuple[int, ...],

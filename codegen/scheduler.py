@@ -109,6 +109,12 @@ class _Builder:
         if best is not None and joining[0] is not n:
             n = self._reshape(n, *joining)
         if best is None:
+            for _ in range(3):  # a split can expose another inside it: heads of a cat part
+                refined = reshape.refined_shape(n)
+                fit = refined and reshape.reshaped(n, refined, self.g.buffers[n.name])
+                if not fit:
+                    break
+                n = self._reshape(n, *fit)
             kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
             if n.kind == "reduction":
                 kern.outer = n.shape

@@ -152,6 +152,8 @@ def cat(ctx, node, tensors, dim=0):
         offsets.append(acc)
         acc += t.shape[dim]
     dt = opmath(out.dtype)
+    if len(parts) > 1 and len({t.shape[dim] for t in parts}) == 1:
+        return _cat_equal(parts, dim, tuple(out.shape), out.dtype)
 
     def fn(idx):
         def piece(k):
@@ -166,6 +168,24 @@ def cat(ctx, node, tensors, dim=0):
             e = ir.op("where", dt, below, piece(k), e)
         return e
     return TensorValue(tuple(out.shape), out.dtype, fn)
+
+
+def _cat_equal(parts, dim: int, shape, dtype) -> TensorValue:
+    """cat of equal-size parts: position i of the dim is element i % p of part i // p, so every
+    part is read in bounds without clamping (a scheduler that splits the dim into
+    (parts, p) then indexes them all contiguously and picks one per outer iteration)."""
+    p, dt = parts[0].shape[dim], opmath(dtype)
+
+    def fn(idx):
+        which = IndexValue(ir.FloorDiv(idx[dim], p))
+        i = list(idx)
+        i[dim] = ir.ModIndex(idx[dim], p)
+        e = cast(parts[-1](i), dt)
+        for k in range(len(parts) - 2, -1, -1):
+            is_k = ir.op("eq", torch.bool, which, Const(k, torch.int64))
+            e = ir.op("where", dt, is_k, cast(parts[k](i), dt), e)
+        return e
+    return TensorValue(shape, dtype, fn)
 
 
 @register(aten.constant_pad_nd.default)
