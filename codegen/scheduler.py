@@ -80,6 +80,7 @@ class _Builder:
         self.deps: list[set[int]] = []  # item -> items it reads from directly
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
         self.reshaped: set[str] = set()  # buffers whose nodes joined a kernel reshaped
+        self.hinted = set(g.reuse) | set(g.reuse.values())
 
     def add_call(self, c: CallNode) -> None:
         bufs = set(_call_buffers(c))
@@ -109,7 +110,7 @@ class _Builder:
         if best is not None and joining[0] is not n:
             n = self._reshape(n, *joining)
         if best is None:
-            for _ in range(3):  # a split can expose another inside it: heads of a cat part
+            for _ in range(3 if self._reshapeable(n) else 0):  # a split can expose another
                 refined = reshape.refined_shape(n)
                 fit = refined and reshape.reshaped(n, refined, self.g.buffers[n.name])
                 if not fit:
@@ -148,7 +149,7 @@ class _Builder:
         fit: Optional[tuple] = (n, None)
         outer = _join_outer(kern, n)
         if outer is False:
-            shape = reshape.target_shape(kern, n)
+            shape = reshape.target_shape(kern, n) if self._reshapeable(n) else None
             fit = None if shape is None else reshape.reshaped(n, shape, self.g.buffers[n.name])
             if fit is None:
                 return None
@@ -160,6 +161,10 @@ class _Builder:
             if p is not None and p != k and self._reaches(p, k):
                 return None  # n needs something that itself needs this kernel: a cycle
         return fit if _reads_ok(kern, fit[0], outer, self.g) else None
+
+    def _reshapeable(self, n: ComputeNode) -> bool:
+        """In-place hints pair buffers of equal shapes: a reshaped one would lose its pair."""
+        return n.name not in self.hinted
 
     def _reshape(self, n: ComputeNode, m: ComputeNode, buf) -> ComputeNode:
         """From now on n is computed (and its buffer indexed) in m's shape."""
