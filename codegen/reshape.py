@@ -1,6 +1,6 @@
 """Fusion across reshapes: a compute node viewed in another shape of the same size ([B, T, C] as
 [B*T, C], [B*H, T, T] as [B, H, T, T]) so that it can join a kernel iterating that shape.
-Its contiguous buffer keeps its memory layout; only the shape the kernels index it by changes.
+Its contiguous buffer keeps its shape and layout; only the kernel indexes it in the new shape.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 import sympy
 
 from trainc.codegen import ir
-from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
+from trainc.codegen.graph import Buffer, ComputeNode
 
 
 def _numel(shape) -> int:
@@ -122,24 +122,3 @@ def reshaped(n: ComputeNode, shape: tuple[int, ...],
 def _contiguous(b: Buffer) -> bool:
     want = ir.contiguous_strides(b.shape)
     return all(s == 1 or x == y for s, x, y in zip(b.shape, b.stride, want))
-
-
-def retarget_args(g: LoweredGraph, names: set[str]) -> None:
-    """Calls and graph outputs that took a reshaped buffer whole now view it in their shape."""
-    if not names:
-        return
-
-    def fix(a):
-        if isinstance(a, TensorArg):
-            if a.buf in names and a.whole:
-                b = g.buffers[a.buf]
-                return dataclasses.replace(a, stride=a.stride, whole=b.shape == a.shape)
-            return a
-        if isinstance(a, (list, tuple)):
-            return type(a)(fix(x) for x in a)
-        return a
-    for step in g.steps:
-        if isinstance(step, CallNode):
-            step.args = fix(step.args)
-            step.kwargs = {k: fix(v) for k, v in step.kwargs.items()}
-    g.outputs = [fix(a) for a in g.outputs]

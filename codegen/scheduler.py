@@ -13,7 +13,7 @@ from typing import Optional, Union
 import sympy
 
 from trainc.codegen import ir, reshape
-from trainc.codegen.graph import CallNode, ComputeNode, LoweredGraph
+from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph
 from trainc.codegen import KernelInfo
 
 SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
@@ -36,6 +36,13 @@ class Kernel:
     # outer iteration of them in a small per-thread array (subset of `local`)
     scratch: set[str] = field(default_factory=set)
     info: Optional[KernelInfo] = None
+    # nodes that joined viewed in another shape (codegen/reshape.py): the layout the kernel
+    # indexes their buffer by; the wrapper still allocates and passes the buffer as lowered
+    layouts: dict[str, Buffer] = field(default_factory=dict)
+
+    def layout(self, buf: str, g: LoweredGraph) -> Buffer:
+        """How this kernel indexes `buf`: a reshaped node's view of it, else the buffer."""
+        return self.layouts.get(buf) or g.buffers[buf]
 
     @property
     def kind(self) -> str:
@@ -79,7 +86,7 @@ class _Builder:
         self.producer: dict[str, int] = {}  # buffer -> item index
         self.deps: list[set[int]] = []  # item -> items it reads from directly
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
-        self.reshaped: set[str] = set()  # buffers whose nodes joined a kernel reshaped
+        self.layouts: dict[str, Buffer] = {}  # reshaped nodes' buffers as kernels index them
         self.hinted = set(g.reuse) | set(g.reuse.values())
 
     def add_call(self, c: CallNode) -> None:
@@ -110,19 +117,23 @@ class _Builder:
         if best is not None and joining[0] is not n:
             n = self._reshape(n, *joining)
         if best is None:
+            kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
             for _ in range(3 if self._reshapeable(n) else 0):  # a split can expose another
                 refined = reshape.refined_shape(n)
-                fit = refined and reshape.reshaped(n, refined, self.g.buffers[n.name])
+                fit = refined and reshape.reshaped(n, refined, self._layout(n.name))
                 if not fit:
                     break
                 n = self._reshape(n, *fit)
-            kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
+            if n.name in self.layouts:
+                kern.layouts[n.name] = self.layouts[n.name]
             if n.kind == "reduction":
                 kern.outer = n.shape
             kern.nodes.append(n)
             self._new_item(kern, bufs, [n.name])
             return
         kern = self.items[best]
+        if n.name in self.layouts:
+            kern.layouts[n.name] = self.layouts[n.name]
         self._join(kern, n)
         self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
         self.reads[best] |= bufs
@@ -150,7 +161,7 @@ class _Builder:
         outer = _join_outer(kern, n)
         if outer is False:
             shape = reshape.target_shape(kern, n) if self._reshapeable(n) else None
-            fit = None if shape is None else reshape.reshaped(n, shape, self.g.buffers[n.name])
+            fit = None if shape is None else reshape.reshaped(n, shape, self._layout(n.name))
             if fit is None:
                 return None
             outer = _join_outer(kern, fit[0])
@@ -166,11 +177,13 @@ class _Builder:
         """In-place hints pair buffers of equal shapes: a reshaped one would lose its pair."""
         return n.name not in self.hinted
 
-    def _reshape(self, n: ComputeNode, m: ComputeNode, buf) -> ComputeNode:
-        """From now on n is computed (and its buffer indexed) in m's shape."""
-        self.g.buffers[n.name] = buf
+    def _layout(self, buf: str) -> Buffer:
+        return self.layouts.get(buf) or self.g.buffers[buf]
+
+    def _reshape(self, n: ComputeNode, m: ComputeNode, buf: Buffer) -> ComputeNode:
+        """From now on n is computed (and its buffer indexed by kernels) in m's shape."""
+        self.layouts[n.name] = buf
         self.g.steps[next(i for i, x in enumerate(self.g.steps) if x is n)] = m
-        self.reshaped.add(n.name)
         return m
 
     def _reaches(self, start: int, target: int) -> bool:
@@ -229,7 +242,7 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
         syms = ir.symbols("s", n.shape)
         for l in ir.loads(n.fn(syms)):
             if l.buf in produced:
-                b = g.buffers[l.buf]
+                b = kern.layout(l.buf, g)
                 if l.index - ir.linear(syms, b.stride) != 0:
                     return False
         return True
@@ -239,7 +252,8 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
     for l in ir.loads(e):
         if l.buf not in produced:
             continue
-        if within_outer(l.index, osyms, g.buffers[l.buf].stride, g.buffers[l.buf].shape) is None:
+        b = kern.layout(l.buf, g)
+        if within_outer(l.index, osyms, b.stride, b.shape) is None:
             return False
     return True
 
@@ -268,7 +282,6 @@ def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Sch
             b.add_call(step)
         else:
             b.add_node(step)
-    reshape.retarget_args(g, b.reshaped)
     order = _topo(b.deps)
     items = [b.items[k] for k in order]
     outside = _outside_reads(b, g)
@@ -334,7 +347,7 @@ def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bo
     stays inside that outer iteration (so a per-thread array can stand in for the buffer)."""
     if n.kind != "pointwise" or not kern.outer:
         return False
-    b = g.buffers[n.name]
+    b = kern.layout(n.name, g)
     inner = ir_numel(n.shape[len(kern.outer):])
     if inner * b.dtype.itemsize > limit:
         return False
@@ -356,14 +369,14 @@ def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:
     osyms = ir.symbols("o", kern.outer)
     for n in kern.nodes:
         inner = inner_of(n, kern.outer)
-        if loops and loops[-1].inner == inner and _same_loop_ok(loops[-1], n, osyms, g):
+        if loops and loops[-1].inner == inner and _same_loop_ok(kern, loops[-1], n, osyms, g):
             loops[-1].steps.append(n)
         else:
             loops.append(Loop(inner, [n]))
     return loops
 
 
-def _same_loop_ok(loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
+def _same_loop_ok(kern: Kernel, loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
     """n may share the loop when it reads the loop's results only at the position it is at."""
     here = {m.name: m for m in loop.steps}
     isyms = ir.symbols("i", loop.inner)
@@ -374,7 +387,7 @@ def _same_loop_ok(loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
             continue
         if m.kind != "pointwise":
             return False
-        if l.index - ir.linear(osyms + isyms, g.buffers[l.buf].stride) != 0:
+        if l.index - ir.linear(osyms + isyms, kern.layout(l.buf, g).stride) != 0:
             return False
     return True
 
