@@ -67,7 +67,7 @@ def refined_shape(n: ComputeNode) -> Optional[tuple[int, ...]]:
     """n's shape with dims split where n's index arithmetic divides a loop variable (x // p and
     x % p, as in a cat of equal parts or heads split off a channel dim): the pieces become loop
     variables of their own and the indexing affine. None when nothing splits."""
-    if n.kind != "pointwise" or not n.shape:
+    if n.kind != "pointwise" or not n.shape or _numel(n.shape) == 0:
         return None
     syms = ir.symbols("r", n.shape)
     cuts: dict = {s: set() for s in syms}
@@ -104,7 +104,8 @@ def reshaped(n: ComputeNode, shape: tuple[int, ...],
              buf: Buffer) -> Optional[tuple[ComputeNode, Buffer]]:
     """n computing the same data in `shape`, and its buffer's layout in that shape; None when
     the shapes do not refine each other or the buffer is not contiguous."""
-    if n.kind not in ("pointwise", "reduction") or _numel(shape) != _numel(n.shape):
+    size = _numel(shape)
+    if n.kind not in ("pointwise", "reduction") or size != _numel(n.shape) or size == 0:
         return None
     if not refines(n.shape, shape) or not _contiguous(buf):
         return None
