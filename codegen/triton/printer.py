@@ -168,7 +168,7 @@ class KernelPrinter:
         for n in lp.steps:
             v = body.value(n.fn(syms))
             if n.name not in self.k.local:
-                b = self.g.buffers[n.name]
+                b = self.k.layout(n.name, self.g)
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
             self.values[n.name] = v
         total = _numel(shape)
@@ -223,7 +223,7 @@ class KernelPrinter:
             if n.kind == "pointwise":
                 v = inner.value(n.fn(osyms + isyms))
                 if n.name not in self.k.local:
-                    b = self.g.buffers[n.name]
+                    b = self.k.layout(n.name, self.g)
                     idx = inner.index(ir.linear(osyms + isyms, b.stride))
                     self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
                 self.values[n.name] = v
@@ -317,7 +317,7 @@ class KernelPrinter:
         self.axes[f] = frozenset({"x"})
         self.keep(body, n.name, f)
         if n.name not in self.k.local:
-            b = self.g.buffers[n.name]
+            b = self.k.layout(n.name, self.g)
             self.store(body, n.name, index_code(ir.linear(osyms, b.stride)), f, "xz", "xmask")
 
     # -- scatter ------------------------------------------------------------------------------

@@ -156,3 +156,17 @@ def test_low_precision_scatter_add_sums_in_float32(dtype):
         assert o.dtype == dtype
         # one rounding of the float32 sum: within half an ulp of the float64 sum (+ float32)
         assert_same(o.double(), r.to(dtype).double(), 0, 1e-6, "16-bit scatter-add")
+
+
+def test_fusion_across_reshapes_and_equal_part_cat():
+    # kernels whose nodes are viewed in another shape (norm rows vs a flattened result, heads
+    # merged for bmm) and a cat whose dim splits into (part, position)
+    def f(x, w, y, g, m):
+        ln = F.layer_norm(x, (16,), w, None).view(32, 16) @ m
+        d = (g * y - y * (g * y).sum(-1, keepdim=True)).view(6, 8, 8)
+        cat = torch.cat([x.transpose(1, 2)[:, :8], x[:, :, :8], x[:, :, 8:]], -1)
+        return ln, d, cat.view(32, 24) * 2
+    y = torch.softmax(torch.randn(2, 3, 8, 8), -1)
+    c = check(f, torch.randn(4, 8, 16), torch.randn(16), y, torch.randn(2, 3, 8, 8),
+              torch.randn(16, 5), atol=1e-5)
+    assert len(c.kernels) <= 3, [k.nodes for k in c.kernels]
