@@ -92,3 +92,12 @@ def test_zero_size_values_are_never_reshaped():
     def f(x):
         return torch.tanh(x.transpose(0, 2)), torch.rsqrt(torch.cat([x, x], 0) ** 2 + 1)
     check(f, torch.randn(4, 4, 0, 2).transpose(-2, -1))
+
+
+def test_gpt_kernel_count():
+    # 65 kernels before fusion across reshapes: LayerNorm rows vs [B*T, C] results, the gelu
+    # backward's tanh in [B, T, 4C], softmax backward rows vs merged heads, the qkv-grad cat
+    models = pytest.importorskip("models", reason="needs the shared benchmark suite")
+    import trainc
+    model, inputs, _ = models.build("gpt")
+    assert len(trainc.explain(model, *inputs, backend="cpp").kernels) <= 46
