@@ -174,3 +174,23 @@ def test_extern_matmuls_take_views():
             a.t().unsqueeze(0).expand(2, 5, 4), b.unsqueeze(0).expand(2, 4, 3)).relu()
     c = check(f, torch.randn(4, 5), torch.randn(4, 3), torch.randn(3), atol=1e-5)
     assert "as_strided" in c.source and c.fallback_ops == ()  # views go to mm without a copy
+
+
+def _ulps(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|x - ref| in units of float32 spacing at ref."""
+    r = ref.float()
+    spacing = (torch.nextafter(r.abs(), torch.tensor(float("inf"))) - r.abs()).double()
+    return (x.double() - ref).abs() / spacing
+
+
+def test_vectorized_float32_math_is_within_a_few_ulp():
+    """tc_exp/tc_tanh/tc_erf (the prelude's vectorizable float32 math) against float64:
+    tanh lost 2-3 bits to cancellation just above its polynomial range (5.5 ulp at 0.2-0.55)."""
+    from cpp_helpers import compile_cpp
+    x = torch.cat([torch.linspace(-10, 10, 200001), torch.linspace(-0.6, 0.6, 100001)])
+    c = compile_cpp(lambda t: (torch.exp(t), torch.tanh(t), torch.erf(t)), x)
+    outs = c.run([x])
+    for name, o, ref in zip(("exp", "tanh", "erf"), outs,
+                            (torch.exp(x.double()), torch.tanh(x.double()), torch.erf(x.double()))):
+        worst = float(_ulps(o, ref)[torch.isfinite(ref.float())].max())
+        assert worst <= (3.0 if name == "erf" else 1.6), f"{name}: {worst:.2f} ulp"
