@@ -12,6 +12,10 @@ from trainc.testing import assert_grads_match
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
 OPEN = {  # file: what is wrong, as far as diagnosed
+    "modules_aten_0_5_20261713": "(local nightly, session 3) bf16 Conv-BN-Conv-BN on a batch "
+    "of 2 at 1x1: the second BN cancels the first BN's parameters' gradients (float64: 1e-16 "
+    "and ~1e-2), so they are rounding noise: eager's error 0.43, trainc's 12-17 on every "
+    "backend and budget (the decomposed BN backward; not yet diagnosed further)",
     "programs_nodrop_cpp_0_0_fuse": "(found by a helper's fuzz run, session 3) var over 48 "
     "values near -50 that differ by ~0.01 (v11 - v6 with v6 a sum): ill-conditioned in float32; "
     "cpp's vectorized sum rounds v6 differently from eager and the grad's error is 2.1x eager's "
@@ -47,14 +51,19 @@ def _load(name: str) -> dict:
     return ns
 
 
+def _subject(ns: dict):
+    """A program finding's function, or a module-stack finding's model."""
+    return ns["program"] if "program" in ns else ns["make_model"]()
+
+
 @pytest.mark.parametrize("name", sorted(FIXED))
 def test_fixed_finding(name):
     ns = _load(name)
-    assert_grads_match(ns["program"], ns["make_inputs"], **ns["OPTS"])
+    assert_grads_match(_subject(ns), ns["make_inputs"], **ns["OPTS"])
 
 
 @pytest.mark.parametrize("name", sorted(OPEN))
 def test_open_finding(name):
     ns = _load(name)
     with pytest.raises(AssertionError):  # fails once fixed (like xfail(strict)): move to FIXED
-        assert_grads_match(ns["program"], ns["make_inputs"], **ns["OPTS"])
+        assert_grads_match(_subject(ns), ns["make_inputs"], **ns["OPTS"])
