@@ -114,11 +114,12 @@ class GraphLowering:
         self.g.buffers[name] = Buffer(name, shape, stride, dtype, kind)
         return name
 
-    def realize(self, v: TensorValue) -> TensorValue:
-        """Materialize a lazy value into a contiguous buffer computed by a pointwise node."""
+    def realize(self, v: TensorValue, stride=None) -> TensorValue:
+        """Materialize a lazy value into a buffer (contiguous unless `stride`) computed by a
+        pointwise node."""
         if self.is_buffer(v):
             return v
-        name = self.new_buffer(v.shape, v.dtype, "compute")
+        name = self.new_buffer(v.shape, v.dtype, "compute", stride)
         self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
                                         origins=self._origin(), region=self._region()))
         hint = self._hints.get(id(v))
@@ -290,7 +291,7 @@ class GraphLowering:
         if not isinstance(v, TensorValue):
             return v
         if v.view is None:
-            v = self.realize(v)
+            v = self.realize(v, _traced_layout(a, v))
         return self.tensor_arg(v)
 
 
@@ -312,6 +313,21 @@ def _rounded(v: TensorValue) -> TensorValue:
             isinstance(e, ir.Op) and e.name == "cast" and e.dtype == dt
         return e if exact else ir.op("cast", dt, e)
     return TensorValue(v.shape, dt, rounded)
+
+
+def _traced_layout(node, v: TensorValue) -> Optional[tuple[int, ...]]:
+    """The dense, non-contiguous layout the traced graph gives an output (a saved transposed
+    value, ...): computing it in that layout spares the consumer (the backward graph's input
+    check, the runtime's eager-layout outputs) a copy. None: contiguous."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(v.shape):
+        return None
+    from trainc.graph import is_dense
+    stride = tuple(int(s) for s in val.stride())
+    if val.numel() <= 1 or stride == ir.contiguous_strides(v.shape) or \
+            not is_dense(v.shape, stride):
+        return None
+    return stride
 
 
 def _flat(x) -> list:
