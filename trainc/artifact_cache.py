@@ -2,7 +2,7 @@
 
 Key: the captured graph's code (submodules' too) and constants, the input signature (shapes,
 strides, dtypes, devices, requires_grad, which inputs share storage), input kinds, training,
-config, torch version and trainc's own source. Only graphs whose backend left a recipe
+config, default dtype and autocast modes, torch version and trainc's own source. Only graphs whose backend left a recipe
 (CompiledGraph.extra["recipe"]: plain data its rebuild turns back into `run`) are stored.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
         return None
     h = hashlib.sha256()
     for part in (_FORMAT, torch.__version__, _trainc_source(), repr(config), training,
-                 [str(k) for k in kinds]):
+                 [str(k) for k in kinds], _ambient()):
         h.update(repr(part).encode() + b"\0")
     for mod in gm.modules():
         if not isinstance(mod, fx.GraphModule):
@@ -50,6 +50,13 @@ def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
         return None
     h.update(repr(sig).encode())
     return h.hexdigest()[:32]
+
+
+def _ambient() -> tuple:
+    """Global state tracing reads: the default dtype and the autocast modes."""
+    modes = tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d)))
+                  for d in ("cpu", "cuda"))
+    return str(torch.get_default_dtype()), modes
 
 
 def _args_key(args: Sequence) -> Optional[list]:
