@@ -2,8 +2,9 @@
 
 Key: the captured graph's code (submodules' too) and constants, the input signature (shapes,
 strides, dtypes, devices, requires_grad, which inputs share storage), input kinds, training,
-config, default dtype and autocast modes, torch version and trainc's own source. Only graphs whose backend left a recipe
-(CompiledGraph.extra["recipe"]: plain data its rebuild turns back into `run`) are stored.
+config, default dtype and autocast modes, torch version and trainc's own source. Only graphs
+whose backend left a recipe (CompiledGraph.extra["recipe"]: plain data its rebuild turns back
+into `run`) are stored.
 """
 from __future__ import annotations
 
