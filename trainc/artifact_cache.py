@@ -1,10 +1,7 @@
-"""Compiled artifacts on disk, so a warm process skips tracing, passes, partition and codegen.
+"""Compiled artifacts on disk: a warm process skips tracing, passes, partition and codegen.
 
-Key: the captured graph's code (submodules' too) and constants, the input signature (shapes,
-strides, dtypes, devices, requires_grad, which inputs share storage), input kinds, training,
-config, default dtype and autocast modes, torch version and trainc's own source. Only graphs
-whose backend left a recipe (CompiledGraph.extra["recipe"]: plain data its rebuild turns back
-into `run`) are stored.
+Keyed by everything that shapes the compiled code (see `key`); only graphs whose backend left
+a recipe (CompiledGraph.extra["recipe"], plain data `rebuild` turns back into `run`) are stored.
 """
 from __future__ import annotations
 
@@ -29,7 +26,10 @@ _source_hash: Optional[str] = None
 
 def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
         config: Config) -> Optional[str]:
-    """The cache key, or None when the graph cannot be keyed safely (then nothing is cached)."""
+    """The cache key, or None when the graph cannot be keyed safely (then nothing is cached):
+    a hash of the graph's code (submodules' too) and constants, the input signature (shapes,
+    strides, dtypes, devices, requires_grad, shared storage), input kinds, training, config,
+    default dtype and autocast modes, torch version and trainc's own source."""
     if not config.cache_artifacts or config.debug_dir:
         return None
     h = hashlib.sha256()
