@@ -114,11 +114,12 @@ class GraphLowering:
         self.g.buffers[name] = Buffer(name, shape, stride, dtype, kind)
         return name
 
-    def realize(self, v: TensorValue) -> TensorValue:
-        """Materialize a lazy value into a contiguous buffer computed by a pointwise node."""
+    def realize(self, v: TensorValue, stride=None) -> TensorValue:
+        """Materialize a lazy value into a buffer (contiguous unless `stride`) computed by a
+        pointwise node."""
         if self.is_buffer(v):
             return v
-        name = self.new_buffer(v.shape, v.dtype, "compute")
+        name = self.new_buffer(v.shape, v.dtype, "compute", stride)
         self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
                                         origins=self._origin(), region=self._region()))
         hint = self._hints.get(id(v))
@@ -290,18 +291,19 @@ class GraphLowering:
         if not isinstance(v, TensorValue):
             return v
         if v.view is None:
-            v = self._realize_as_traced(v, a.meta.get("val") if isinstance(a, fx.Node) else None)
+            v = self._realize_as_traced(v, a)
         return self.tensor_arg(v)
 
-    def _realize_as_traced(self, v: TensorValue, val) -> TensorValue:
-        """A computed output traced as an expanded layout (stride 0 on a longer dim) is computed
-        once along those dims and returned expanded: the next graph (a backward reading a saved
-        value) was compiled for, and indexes, exactly that layout."""
+    def _realize_as_traced(self, v: TensorValue, node) -> TensorValue:
+        """A computed output in the layout the traced graph gives it: a dense one as is; an
+        expanded one (stride 0 on a longer dim) computed once along those dims and returned
+        expanded. The next graph (a backward reading a saved value) indexes exactly that."""
+        val = node.meta.get("val") if isinstance(node, fx.Node) else None
         if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
             return self.realize(v)
         flat = [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
         if not flat:
-            return self.realize(v)
+            return self.realize(v, _traced_layout(node, v))
         shape = tuple(1 if d in flat else n for d, n in enumerate(v.shape))
         zero = ir.sympy.Integer(0)
         one = self.realize(TensorValue(shape, v.dtype, lambda i: v(
@@ -336,6 +338,21 @@ def _rounded(v: TensorValue) -> TensorValue:
             isinstance(e, ir.Op) and e.name == "cast" and e.dtype == dt
         return e if exact else ir.op("cast", dt, e)
     return TensorValue(v.shape, dt, rounded)
+
+
+def _traced_layout(node, v: TensorValue) -> Optional[tuple[int, ...]]:
+    """The dense, non-contiguous layout the traced graph gives an output (a saved transposed
+    value, ...): computing it in that layout spares the consumer (the backward graph's input
+    check, the runtime's eager-layout outputs) a copy. None: contiguous."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(v.shape):
+        return None
+    from trainc.graph import is_dense
+    stride = tuple(int(s) for s in val.stride())
+    if val.numel() <= 1 or stride == ir.contiguous_strides(v.shape) or \
+            not is_dense(v.shape, stride):
+        return None
+    return stride
 
 
 def _flat(x) -> list:

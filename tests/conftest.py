@@ -11,7 +11,7 @@ if not os.environ.get("TRITON_INTERPRET"):
         os.environ["TRITON_INTERPRET"] = "1"
 
 # Compiled artifacts cached on disk would let a later run (or a test that patches a stage)
-# skip the code under test; tests/codegen/test_artifact_cache.py turns the cache on where it tests it.
+# skip the code under test; tests/codegen/test_artifact_cache.py turns it on where it tests it.
 os.environ.setdefault("TRAINC_CACHE_ARTIFACTS", "0")
 
 HERE = os.path.dirname(__file__)

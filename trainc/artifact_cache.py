@@ -1,9 +1,7 @@
-"""Compiled artifacts on disk, so a warm process skips tracing, passes, partition and codegen.
+"""Compiled artifacts on disk: a warm process skips tracing, passes, partition and codegen.
 
-Key: the captured graph's code (submodules' too) and constants, the input signature (shapes,
-strides, dtypes, devices, requires_grad, which inputs share storage), input kinds, training,
-config, torch version and trainc's own source. Only graphs whose backend left a recipe
-(CompiledGraph.extra["recipe"]: plain data its rebuild turns back into `run`) are stored.
+Keyed by everything that shapes the compiled code (see `key`); only graphs whose backend left
+a recipe (CompiledGraph.extra["recipe"], plain data `rebuild` turns back into `run`) are stored.
 """
 from __future__ import annotations
 
@@ -28,12 +26,15 @@ _source_hash: Optional[str] = None
 
 def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
         config: Config) -> Optional[str]:
-    """The cache key, or None when the graph cannot be keyed safely (then nothing is cached)."""
+    """The cache key, or None when the graph cannot be keyed safely (then nothing is cached):
+    a hash of the graph's code (submodules' too) and constants, the input signature (shapes,
+    strides, dtypes, devices, requires_grad, shared storage), input kinds, training, config,
+    default dtype and autocast modes, torch version and trainc's own source."""
     if not config.cache_artifacts or config.debug_dir:
         return None
     h = hashlib.sha256()
     for part in (_FORMAT, torch.__version__, _trainc_source(), repr(config), training,
-                 [str(k) for k in kinds]):
+                 [str(k) for k in kinds], _ambient()):
         h.update(repr(part).encode() + b"\0")
     for mod in gm.modules():
         if not isinstance(mod, fx.GraphModule):
@@ -50,6 +51,13 @@ def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
         return None
     h.update(repr(sig).encode())
     return h.hexdigest()[:32]
+
+
+def _ambient() -> tuple:
+    """Global state tracing reads: the default dtype and the autocast modes."""
+    modes = tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d)))
+                  for d in ("cpu", "cuda"))
+    return str(torch.get_default_dtype()), modes
 
 
 def _args_key(args: Sequence) -> Optional[list]:

@@ -64,6 +64,14 @@ def test_key_tells_apart_layouts_dtypes_aliasing_and_config():
     others = [_key(f, [x.t().contiguous().t(), y]), _key(f, [x.double(), y]),
               _key(f, [x.clone().requires_grad_(True), y]), _key(f, [x, x]),
               _key(f, [x, y], cpp_flags="-O1 -fopenmp"), _key(lambda a, b: (a * 3 + b,), [x, y])]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        others.append(_key(f, [x, y]))
+    finally:
+        torch.set_default_dtype(old)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        others.append(_key(f, [x, y]))
     assert base not in others and len(set(others)) == len(others)
 
 

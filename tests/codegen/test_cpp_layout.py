@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cpp_helpers import check
+from cpp_helpers import assert_same, check, compile_cpp
 
 
 def _column_reductions(a, b):
@@ -96,3 +96,15 @@ def test_softmax_exp_is_computed_once_per_element():
     body = src[src.index('extern "C"'):]
     assert "rv0[" in body
     assert body.count("tc_exp(") == 2  # one per softmax: the sum loop's value is reused
+
+
+def test_outputs_keep_the_traced_dense_layout():
+    """A transposed/permuted output is computed in the traced layout, not contiguous: the
+    backward's input check and the runtime's eager-layout outputs then copy nothing."""
+    x = torch.randn(6, 5, 4)
+    fns = [lambda a: ((a * 2).transpose(0, 1),), lambda a: (a.permute(2, 0, 1).exp(),)]
+    for fn in fns:
+        c = compile_cpp(fn, x)
+        out, ref = c.run([x])[0], fn(x)[0]
+        assert out.stride() == ref.stride() and out.stride() != out.contiguous().stride()
+        assert_same(out, ref, 1e-6, 1e-6)
