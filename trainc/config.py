@@ -34,8 +34,10 @@ class Config:
     cache_dir: Optional[str] = None
     # backend="cpp": allocate the buffers that never leave a compiled graph once and keep them
     # across calls (fresh large allocations page-fault on every call); costs their bytes
-    # between calls. Off when a memory_budget is set.
-    cpp_keep_buffers: bool = True
+    # between calls. Off when a memory_budget is set. Off by default: the kept bytes are held
+    # between calls where no peak measurement (trainc.report.peak_bytes) sees them, which
+    # would make memory reports and budgets lie; its step-time gain is not yet measured alone.
+    cpp_keep_buffers: bool = False
     # Store compiled artifacts under cache_dir and load them in later processes, skipping
     # tracing and codegen (trainc/artifact_cache.py; TRAINC_CACHE_ARTIFACTS=0: off).
     cache_artifacts: bool = True

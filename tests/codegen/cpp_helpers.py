@@ -11,11 +11,11 @@ from trainc.codegen.cpp import CppBackend
 from policy import assert_same  # noqa: E402,F401  (shared with the other test helpers)
 
 
-def compile_cpp(fn, *args) -> CompiledGraph:
+def compile_cpp(fn, *args, config=None) -> CompiledGraph:
     """fn(*args) -> tensor or tuple, traced with trainc's decompositions and compiled."""
     gm = make_fx(lambda *a: _tuple(fn(*a)), decomposition_table=decomps.TABLE,
                  tracing_mode="fake")(*args)
-    return CppBackend().compile(gm, [None] * len(args))
+    return CppBackend(config).compile(gm, [None] * len(args))
 
 
 def _tuple(x):

@@ -7,7 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from trainc.codegen.wrapper import Kept
+from trainc.config import make_config
 from cpp_helpers import assert_same, compile_cpp
+
+KEEP = make_config(cpp_keep_buffers=True)  # opt-in: kept bytes are not in peak measurements
 
 
 def _net(x, w1, w2):
@@ -27,7 +30,7 @@ def _storages(ts) -> set[int]:
 
 
 def test_kept_buffers_never_alias_results_and_results_survive_the_next_call():
-    c = compile_cpp(_net, *_args(0))
+    c = compile_cpp(_net, *_args(0), config=KEEP)
     assert c.extra["kept_bytes"] > 0 and "KEEP.acquire()" in c.source
     kept = c.run.__globals__["KEEP"]
     first = c.run(_args(0))
@@ -43,7 +46,7 @@ def test_kept_buffers_never_alias_results_and_results_survive_the_next_call():
 
 
 def test_kept_buffers_are_the_same_storage_across_calls():
-    c = compile_cpp(_net, *_args(0))
+    c = compile_cpp(_net, *_args(0), config=KEEP)
     kept = c.run.__globals__["KEEP"]
     c.run(_args(0))
     ptrs = [t.data_ptr() for t in kept.free[0]]
