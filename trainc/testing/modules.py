@@ -100,6 +100,8 @@ class ReplayDropout(nn.Module):
         self.p, self.recorded = p, recorded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # as F.dropout: an empty input is returned itself
+            return x
         return x * replay_mask(self.recorded, x.dtype) / (1 - self.p)
 
 
