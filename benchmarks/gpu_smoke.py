@@ -1,6 +1,6 @@
 """GPU smoke check: trainc.compile and compile_step on CUDA against eager and a float64 reference.
 
-    python benchmarks/gpu_smoke.py [--backend aten] [--scale cpu]
+    python benchmarks/gpu_smoke.py [--backend aten] [--scale cpu] [--only "in place,dropout"]
 
 Prints one line per check (PASS/FAIL with errors) and exits non-zero if any check failed.
 """
@@ -29,7 +29,12 @@ from policy import assert_policy  # noqa: E402
 FAILURES: list[str] = []
 
 
+ONLY: list[str] = []  # --only: run the checks whose name contains one of these
+
+
 def check(name: str, fn) -> None:
+    if ONLY and not any(o in name for o in ONLY):
+        return
     try:
         fn()
         print(f"PASS {name}", flush=True)
@@ -39,8 +44,8 @@ def check(name: str, fn) -> None:
         traceback.print_exc(limit=3)
 
 
-def grads_match(name: str, backend: str, scale: str) -> None:
-    model, inputs, loss = models.build(name, "cuda", scale)
+def grads_match(name: str, backend: str, scale: str, dtype=torch.float32) -> None:
+    model, inputs, loss = models.build(name, "cuda", scale, dtype=dtype)
     runs = {}
     for kind in ("eager", "trainc", "ref"):
         m = copy.deepcopy(model).double() if kind == "ref" else copy.deepcopy(model)
@@ -164,11 +169,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="aten")
     ap.add_argument("--scale", default="cpu")
+    ap.add_argument("--only", default="", help="comma-separated substrings of check names")
     a = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {a.backend}")
+    ONLY.extend(o for o in a.only.split(",") if o)
+    # cuDNN convolutions default to TF32 (10-bit mantissa) in float32; the policy compares
+    # float32 errors, and two TF32 algorithms differ by far more than float32 rounding.
+    torch.backends.cudnn.allow_tf32 = False
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, backend {a.backend}, "
+          f"cudnn TF32 off")
     for name in models.NAMES:
         check(f"grads {name} {a.scale}", lambda: grads_match(name, a.backend, a.scale))
         check(f"compile_step {name} {a.scale}", lambda: step_matches(name, a.backend, a.scale))
+    for name in models.NAMES:
+        check(f"grads bfloat16 {name} {a.scale}",
+              lambda: grads_match(name, a.backend, a.scale, torch.bfloat16))
     for name in models.NAMES:
         check(f"compile_step in place {name} {a.scale}",
               lambda: step_in_place(name, a.backend, a.scale))

@@ -7,6 +7,7 @@
 Each job is one pytest run of tests/fuzz under the nightly profile with its own seed;
 TRAINC_FUZZ_EXAMPLES sets the profile's count (the properties scale it per backend). Prints
 per backend: programs checked (pass / refused as unsupported), failures, and the seeds used.
+A job whose process crashed (CRASHED) leaves the program it was checking in <job>.current.py.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def main() -> None:
     for (test, backend, budget), (rc, tally, log) in zip(jobs, done):
         c = per_backend.setdefault(backend, Counter())
         c.update(tally)
-        status = "ok" if rc == 0 else ("TIMEOUT" if rc in (124, -9) else "FAILED")
+        status = "ok" if rc == 0 else ("TIMEOUT" if rc in (124, -9) else
+                                       "CRASHED" if _crashed(log) else "FAILED")
         print(f"{test:16s} {backend:7s} {budget:5s} {status:8s} {dict(tally)}  log {log}")
     for backend, c in per_backend.items():
         checked = sum(c.values())
@@ -55,8 +57,10 @@ def _run(i: int, job: tuple, args) -> tuple[int, Counter, str]:
     test, backend, budget = job
     seed = args.seed + i
     name = f"{test}-{backend}-{budget}-{seed}"
-    log, tally = (os.path.join(args.out, f"{name}.{ext}") for ext in ("log", "tally"))
+    log, tally, current = (os.path.join(args.out, f"{name}.{ext}")
+                           for ext in ("log", "tally", "current.py"))
     env = dict(os.environ, TRAINC_FUZZ_EXAMPLES=str(args.examples), TRAINC_FUZZ_TALLY=tally,
+               TRAINC_FUZZ_CURRENT=current,
                TRAINC_FUZZ_SHRINK="1" if args.shrink else "0",
                OMP_NUM_THREADS="1", TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     if os.path.exists(tally):
@@ -72,6 +76,12 @@ def _run(i: int, job: tuple, args) -> tuple[int, Counter, str]:
         rc = subprocess.call(cmd, cwd=args.out, env=env, stdout=f, stderr=subprocess.STDOUT)
     lines = open(tally).read().split() if os.path.exists(tally) else []
     return rc, Counter(lines), log
+
+
+def _crashed(log: str) -> bool:
+    """The process died (segfault/abort): the program it ran is in <job>.current.py."""
+    with open(log, errors="replace") as f:
+        return "Fatal Python error" in f.read()
 
 
 def _parse() -> argparse.Namespace:

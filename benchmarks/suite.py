@@ -5,6 +5,8 @@ process (eager, inductor, trainc, eager, ...), and trainc's kernel count. On CUD
 and, for trainc's three largest generated kernels (bytes they must move, from the scheduler),
 achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s. Usage:
   python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
+`--threads 1` times steps in thread CPU time (a loaded shared box skews 2-thread wall time);
+first-call seconds are then the process's CPU seconds too.
 """
 from __future__ import annotations
 
@@ -39,8 +41,11 @@ def _compiled(mode: str, model, backend: str):
     return trainc.compile(model, backend=backend)
 
 
-def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -> dict:
+def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str,
+          clocks=(time.perf_counter, time.perf_counter)) -> dict:
+    """`clocks`: (step clock, first-call clock)."""
     device = "cuda" if scale == "gpu" else "cpu"
+    clock, first_clock = clocks
     torch._dynamo.reset()
     runs, row = {}, {"model": name, "dtype": str(dtype).replace("torch.", "")}
     for mode in MODES:
@@ -48,10 +53,10 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -
         fn = _compiled(mode, m, backend)
         step = (lambda fn=fn, x=x, loss=loss: models.step(fn, x, loss))
         with records.recording() as recs:
-            t0 = time.perf_counter()
+            t0 = first_clock()
             step()
             _sync(device)
-            row[f"{mode}_first_s"] = time.perf_counter() - t0
+            row[f"{mode}_first_s"] = first_clock() - t0
         if mode == "trainc":
             row["kernels"] = sum(len(r.kernels) for r in recs)
             row["fallbacks"] = sorted({op for r in recs for op in r.fallback_ops})
@@ -69,10 +74,10 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str) -
         for mode in MODES:
             step, times = runs[mode]
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
             _sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append((clock() - t0) * 1e3)
     for mode in MODES:
         row[f"{mode}_ms"] = statistics.median(runs[mode][1])
     if device == "cuda":
@@ -139,12 +144,17 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
-    rows = []
+    rows, clocks = [], (time.perf_counter, time.perf_counter)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+        if a.threads == 1:
+            clocks = (time.thread_time, time.process_time)
     for name in a.names or models.NAMES:
-        rows.append(bench(name, a.scale, getattr(torch, a.dtype), a.iters, a.backend))
+        rows.append(bench(name, a.scale, getattr(torch, a.dtype), a.iters, a.backend, clocks))
         print(rows[-1], flush=True)
     text = table(rows)
     print(text)

@@ -291,8 +291,24 @@ class GraphLowering:
         if not isinstance(v, TensorValue):
             return v
         if v.view is None:
-            v = self.realize(v)
+            v = self._realize_as_traced(v, a.meta.get("val") if isinstance(a, fx.Node) else None)
         return self.tensor_arg(v)
+
+    def _realize_as_traced(self, v: TensorValue, val) -> TensorValue:
+        """A computed output traced as an expanded layout (stride 0 on a longer dim) is computed
+        once along those dims and returned expanded: the next graph (a backward reading a saved
+        value) was compiled for, and indexes, exactly that layout."""
+        if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
+            return self.realize(v)
+        flat = [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
+        if not flat:
+            return self.realize(v)
+        shape = tuple(1 if d in flat else n for d, n in enumerate(v.shape))
+        zero = ir.sympy.Integer(0)
+        one = self.realize(TensorValue(shape, v.dtype, lambda i: v(
+            [zero if d in flat else x for d, x in enumerate(i)])))
+        stride = tuple(0 if d in flat else st for d, st in enumerate(one.view.stride))
+        return ir.buffer_value(one.view.buf, v.shape, stride, v.dtype)
 
 
 def _crosses(node: fx.Node) -> bool:

@@ -69,9 +69,10 @@ def _split_div(a, b, want_mod: bool):
     for t in sympy.Add.make_args(a):
         coeff = t.as_coeff_Mul()[0]
         (multiple if coeff.is_Integer and int(coeff) % int(b) == 0 else rest).append(t)
-    if not multiple and len(rest) == 1 and bounds(a)[1] < int(b):
-        return a if want_mod else sympy.Integer(0)
     if not multiple:
+        lo, hi = bounds(a)
+        if hi < int(b) and (lo >= 0 or len(rest) == 1):  # already in [0, b): a reshape
+            return a if want_mod else sympy.Integer(0)
         return None
     r = sympy.Add(*rest)
     lo, hi = bounds(r)
@@ -173,7 +174,19 @@ lshift rshift where cast philox_uniform
 
 def op(name: str, dtype: torch.dtype, *args: Expr) -> Op:
     assert name in OPS, name
+    if name in _COMMUTATIVE and _rank(args[0]) > _rank(args[1]):
+        # one spelling for a*b and b*a (IEEE add/mul commute exactly), so that CSE sees that a
+        # recomputed forward value and the backward's own formula of it are the same
+        args = (args[1], args[0])
     return Op(name, tuple(args), dtype)
+
+
+_COMMUTATIVE = frozenset({"add", "mul"})
+
+
+def _rank(e: Expr) -> int:
+    """Operand order of commutative ops: loads and indices, then computed values, constants."""
+    return 2 if isinstance(e, Const) else 1 if isinstance(e, Op) else 0
 
 
 def walk(e: Expr, seen: Optional[set] = None):
@@ -275,6 +288,46 @@ def merge_divmod(e: Index) -> Index:
                     changed = True
                     break
     return sympy.expand(sum((c * t for t, c in terms.items()), sympy.Integer(0)))
+
+
+def reshape_index(idx: Sequence[Index], shape: Sequence[int], old: Sequence[int]) -> list:
+    """The index into `old` of element `idx` of the same row-major data viewed as `shape`."""
+    out = [sympy.Integer(0)] * len(old)
+    for oi, nj in reshape_groups(old, shape):
+        g = linear([idx[j] for j in nj], contiguous_strides([shape[j] for j in nj]))
+        after = 1
+        for k in reversed(oi):
+            out[k] = ModIndex(FloorDiv(g, after), old[k])
+            after *= old[k]
+    return out
+
+
+def reshape_groups(old, new) -> list[tuple[list[int], list[int]]]:
+    """Minimal runs of old and new dims with equal products; size-1 dims stand alone."""
+    i = j = 0
+    out = []
+    while i < len(old) or j < len(new):
+        if j < len(new) and new[j] == 1 and (i >= len(old) or old[i] != 1):
+            out.append(([], [j]))
+            j += 1
+            continue
+        if i < len(old) and old[i] == 1 and (j >= len(new) or new[j] != 1):
+            out.append(([i], []))
+            i += 1
+            continue
+        oi, nj, po, pn = [i], [j], old[i], new[j]
+        i, j = i + 1, j + 1
+        while po != pn:
+            if po < pn:
+                oi.append(i)
+                po *= old[i]
+                i += 1
+            else:
+                nj.append(j)
+                pn *= new[j]
+                j += 1
+        out.append((oi, nj))
+    return out
 
 
 def buffer_value(name: str, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,

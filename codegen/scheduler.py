@@ -12,8 +12,8 @@ from typing import Optional, Union
 
 import sympy
 
-from trainc.codegen import ir
-from trainc.codegen.graph import CallNode, ComputeNode, LoweredGraph
+from trainc.codegen import ir, reshape
+from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph
 from trainc.codegen import KernelInfo
 
 SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
@@ -36,6 +36,13 @@ class Kernel:
     # outer iteration of them in a small per-thread array (subset of `local`)
     scratch: set[str] = field(default_factory=set)
     info: Optional[KernelInfo] = None
+    # nodes that joined viewed in another shape (codegen/reshape.py): the layout the kernel
+    # indexes their buffer by; the wrapper still allocates and passes the buffer as lowered
+    layouts: dict[str, Buffer] = field(default_factory=dict)
+
+    def layout(self, buf: str, g: LoweredGraph) -> Buffer:
+        """How this kernel indexes `buf`: a reshaped node's view of it, else the buffer."""
+        return self.layouts.get(buf) or g.buffers[buf]
 
     @property
     def kind(self) -> str:
@@ -79,6 +86,8 @@ class _Builder:
         self.producer: dict[str, int] = {}  # buffer -> item index
         self.deps: list[set[int]] = []  # item -> items it reads from directly
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
+        self.layouts: dict[str, Buffer] = {}  # reshaped nodes' buffers as kernels index them
+        self.hinted = set(g.reuse) | set(g.reuse.values())
 
     def add_call(self, c: CallNode) -> None:
         bufs = set(_call_buffers(c))
@@ -101,16 +110,30 @@ class _Builder:
         if n.kind != "scatter":
             for k in self._candidates(bufs):
                 score = self._score(k, bufs)
-                if score > best_score and self._legal(k, n):
-                    best, best_score = k, score
+                if score > best_score:
+                    fit = self._legal(k, n)
+                    if fit is not None:
+                        best, best_score, joining = k, score, fit
+        if best is not None and joining[0] is not n:
+            n = self._reshape(n, *joining)
         if best is None:
             kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
+            for _ in range(3 if self._reshapeable(n) else 0):  # a split can expose another
+                refined = reshape.refined_shape(n)
+                fit = refined and reshape.reshaped(n, refined, self._layout(n.name))
+                if not fit:
+                    break
+                n = self._reshape(n, *fit)
+            if n.name in self.layouts:
+                kern.layouts[n.name] = self.layouts[n.name]
             if n.kind == "reduction":
                 kern.outer = n.shape
             kern.nodes.append(n)
             self._new_item(kern, bufs, [n.name])
             return
         kern = self.items[best]
+        if n.name in self.layouts:
+            kern.layouts[n.name] = self.layouts[n.name]
         self._join(kern, n)
         self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
         self.reads[best] |= bufs
@@ -128,18 +151,40 @@ class _Builder:
         return sum(self.g.buffers[b].nbytes for b in bufs
                    if self.producer.get(b) == k or b in self.reads[k])
 
-    def _legal(self, k: int, n: ComputeNode) -> bool:
+    def _legal(self, k: int, n: ComputeNode) -> Optional[tuple]:
+        """(n, None) when n may join kernel k, (n viewed in another shape, its buffer's layout
+        there) when it may join so reshaped, else None."""
         kern = self.items[k]
         if kern.nodes and kern.nodes[0].region != n.region:
-            return False
+            return None
+        fit: Optional[tuple] = (n, None)
         outer = _join_outer(kern, n)
         if outer is False:
-            return False
+            shape = reshape.target_shape(kern, n) if self._reshapeable(n) else None
+            fit = None if shape is None else reshape.reshaped(n, shape, self._layout(n.name))
+            if fit is None:
+                return None
+            outer = _join_outer(kern, fit[0])
+            if outer is False:
+                return None
         for b in {l.buf for l in reads(n)}:
             p = self.producer.get(b)
             if p is not None and p != k and self._reaches(p, k):
-                return False  # n needs something that itself needs this kernel: a cycle
-        return _reads_ok(kern, n, outer, self.g)
+                return None  # n needs something that itself needs this kernel: a cycle
+        return fit if _reads_ok(kern, fit[0], outer, self.g) else None
+
+    def _reshapeable(self, n: ComputeNode) -> bool:
+        """In-place hints pair buffers of equal shapes: a reshaped one would lose its pair."""
+        return n.name not in self.hinted
+
+    def _layout(self, buf: str) -> Buffer:
+        return self.layouts.get(buf) or self.g.buffers[buf]
+
+    def _reshape(self, n: ComputeNode, m: ComputeNode, buf: Buffer) -> ComputeNode:
+        """From now on n is computed (and its buffer indexed by kernels) in m's shape."""
+        self.layouts[n.name] = buf
+        self.g.steps[next(i for i, x in enumerate(self.g.steps) if x is n)] = m
+        return m
 
     def _reaches(self, start: int, target: int) -> bool:
         """Does item `start` depend (transitively) on item `target`?"""
@@ -197,7 +242,7 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
         syms = ir.symbols("s", n.shape)
         for l in ir.loads(n.fn(syms)):
             if l.buf in produced:
-                b = g.buffers[l.buf]
+                b = kern.layout(l.buf, g)
                 if l.index - ir.linear(syms, b.stride) != 0:
                     return False
         return True
@@ -207,7 +252,8 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
     for l in ir.loads(e):
         if l.buf not in produced:
             continue
-        if within_outer(l.index, osyms, g.buffers[l.buf].stride, g.buffers[l.buf].shape) is None:
+        b = kern.layout(l.buf, g)
+        if within_outer(l.index, osyms, b.stride, b.shape) is None:
             return False
     return True
 
@@ -301,7 +347,7 @@ def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bo
     stays inside that outer iteration (so a per-thread array can stand in for the buffer)."""
     if n.kind != "pointwise" or not kern.outer:
         return False
-    b = g.buffers[n.name]
+    b = kern.layout(n.name, g)
     inner = ir_numel(n.shape[len(kern.outer):])
     if inner * b.dtype.itemsize > limit:
         return False
@@ -323,14 +369,14 @@ def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:
     osyms = ir.symbols("o", kern.outer)
     for n in kern.nodes:
         inner = inner_of(n, kern.outer)
-        if loops and loops[-1].inner == inner and _same_loop_ok(loops[-1], n, osyms, g):
+        if loops and loops[-1].inner == inner and _same_loop_ok(kern, loops[-1], n, osyms, g):
             loops[-1].steps.append(n)
         else:
             loops.append(Loop(inner, [n]))
     return loops
 
 
-def _same_loop_ok(loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
+def _same_loop_ok(kern: Kernel, loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
     """n may share the loop when it reads the loop's results only at the position it is at."""
     here = {m.name: m for m in loop.steps}
     isyms = ir.symbols("i", loop.inner)
@@ -341,7 +387,7 @@ def _same_loop_ok(loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
             continue
         if m.kind != "pointwise":
             return False
-        if l.index - ir.linear(osyms + isyms, g.buffers[l.buf].stride) != 0:
+        if l.index - ir.linear(osyms + isyms, kern.layout(l.buf, g).stride) != 0:
             return False
     return True
 

@@ -3,7 +3,8 @@
 Memory planning: a buffer dies after its last reader; a dead buffer the wrapper allocated is
 reused for the next allocation of the same element count and dtype (never graph outputs); an
 in-place result the storage plan (codegen/storage.py) accepted takes its target's storage.
-Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `device`.
+Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `device`. With
+`keep`, buffers whose storage never leaves the wrapper are allocated once and kept across calls.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from trainc.codegen.graph import Buffer, CallNode, TensorArg
-from trainc.codegen.scheduler import Kernel, Schedule
+from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
 
 aten = torch.ops.aten
 OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out,
@@ -30,6 +31,8 @@ class Wrapper:
 
     def build(self, kernels: Any) -> Callable[[list], list]:
         ns = dict(self.namespace, K=kernels)
+        if "KEEP" in ns:  # each built wrapper owns its kept buffers
+            ns["KEEP"] = Kept(ns["KEEP"].specs)
         exec(compile(self.source, "<trainc wrapper>", "exec"), ns)
         return ns["run"]
 
@@ -45,6 +48,25 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
         raise RuntimeError(f"trainc: a tensor of strides {t.stride()} where the compiled code "
                            f"expects the expanded layout {tuple(stride)}; please report")
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+class Kept:
+    """Buffers a wrapper keeps across calls (no page faults from fresh allocations): one set per
+    call in flight, so a re-entrant or concurrent call gets its own; a call that raised never
+    returns its set."""
+
+    def __init__(self, specs: list[tuple]):
+        self.specs = specs  # (shape, stride, dtype, device) per kept buffer
+        self.free: list[list[torch.Tensor]] = []
+
+    def acquire(self) -> list[torch.Tensor]:
+        if self.free:
+            return self.free.pop()
+        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                for shape, stride, dtype, device in self.specs]
+
+    def release(self, bufs: list[torch.Tensor]) -> None:
+        self.free.append(bufs)
 
 
 class _Writer:
@@ -67,6 +89,10 @@ class _Writer:
         self.no_pool = {b for it in sched.items if isinstance(it, CallNode) and
                         it.kind == "fallback" for b in self._reads(it)}
         self.wanted = self._future_allocs()
+        # storage roots: each name -> the allocation (or input) whose memory it uses; per
+        # wrapper allocation, the index of its line (rewritten when the buffer is kept)
+        self.root: dict[str, str] = {}
+        self.alloc_line: dict[str, int] = {}
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -112,7 +138,6 @@ class _Writer:
         if isinstance(item, Kernel):
             made = [n.name for n in item.nodes if n.name not in item.local]
             return list(dict.fromkeys(list(self.params[item.name]) + made))
-        from trainc.codegen.scheduler import _call_buffers
         return _call_buffers(item) + [o for o in item.outputs if o is not None]
 
     def alloc(self, name: str) -> None:
@@ -123,8 +148,10 @@ class _Writer:
         key = _pool_key(b)
         if key[2] and self.pool.get(key):
             old = self.pool[key].pop()
+            self.root[name] = self.root.get(old, old)
             self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
         else:
+            self.alloc_line[name] = len(self.lines)
             dev = "" if self.device is None else "device=DEVICE, "
             self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
                       f"{dev}dtype={b.dtype})")
@@ -134,6 +161,7 @@ class _Writer:
     def _take(self, name: str) -> None:
         """`name` lives in the storage of the buffer its in-place op overwrote."""
         target = self.storage[name]
+        self.root[name] = self.root.get(target, target)
         self.emit(f"{name} = {target}  # in place")
         if target in self.ours:
             self.ours.add(name)
@@ -187,6 +215,28 @@ class _Writer:
         outs = ", ".join(self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
+
+    def keep_buffers(self) -> int:
+        """Rewrite the allocations whose storage never leaves the wrapper (not an output, not
+        read by an ATen op that may return a view of it) to take kept buffers; their bytes."""
+        from trainc.codegen.storage import _may_alias
+        leaving = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
+        for it in self.s.items:
+            if isinstance(it, CallNode) and (it.kind == "fallback" or _may_alias(it.target)):
+                leaving |= set(_call_buffers(it))
+        leaving = {self.root.get(b, b) for b in leaving}
+        kept = [b for b in self.alloc_line if b not in leaving]
+        if not kept:
+            return 0
+        specs = []
+        for k, name in enumerate(kept):
+            b = self.g.buffers[name]
+            specs.append((tuple(b.shape), tuple(b.stride), b.dtype, self.device))
+            self.lines[self.alloc_line[name]] = f"    {name} = KEPT[{k}]"
+        self.ns["KEEP"] = Kept(specs)
+        self.lines.insert(1, "    KEPT = KEEP.acquire()")
+        self.lines.insert(len(self.lines) - 1, "    KEEP.release(KEPT)")
+        return sum(self.g.buffers[b].nbytes for b in kept)
 
     def _kernel(self, k: Kernel) -> None:
         for n in k.nodes:
@@ -265,11 +315,15 @@ def _contig(shape) -> tuple:
 
 
 def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
-                  device: Optional[torch.device] = None) -> Wrapper:
+                  device: Optional[torch.device] = None, keep: bool = False) -> Wrapper:
     """`params`: per kernel name, the buffers it takes, in order: as data pointers (C++
     functions through ctypes) or, with `tensors`, as tensors (Triton launchers). Buffers are
-    allocated on `device` (None: torch's default device)."""
+    allocated on `device` (None: torch's default device); with `keep`, those that never leave
+    the wrapper once, then kept across calls (stats["kept_bytes"])."""
     w = _Writer(sched, params, tensors, device)
-    source = w.write()
-    stats = {"fresh_bytes": w.fresh, "peak_bytes": w.peak, "inplace": len(w.storage)}
+    w.write()
+    kept = w.keep_buffers() if keep else 0
+    source = "def run(args):\n" + "\n".join(w.lines) + "\n"
+    stats = {"fresh_bytes": w.fresh - kept, "peak_bytes": w.peak, "inplace": len(w.storage),
+             "kept_bytes": kept}
     return Wrapper(source, w.ns, stats)

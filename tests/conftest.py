@@ -10,6 +10,10 @@ if not os.environ.get("TRITON_INTERPRET"):
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+# Compiled artifacts cached on disk would let a later run (or a test that patches a stage)
+# skip the code under test; tests/codegen/test_artifact_cache.py turns the cache on where it tests it.
+os.environ.setdefault("TRAINC_CACHE_ARTIFACTS", "0")
+
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 BENCH = os.path.join(HERE, "..", "..", "shared", "bench")

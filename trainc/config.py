@@ -32,6 +32,13 @@ class Config:
     cpp_flags: str = ("-O3 -march=native -fopenmp -fno-math-errno -fno-trapping-math "
                       "-ffp-contract=off -std=c++17 -w")
     cache_dir: Optional[str] = None
+    # backend="cpp": allocate the buffers that never leave a compiled graph once and keep them
+    # across calls (fresh large allocations page-fault on every call); costs their bytes
+    # between calls. Off when a memory_budget is set.
+    cpp_keep_buffers: bool = True
+    # Store compiled artifacts under cache_dir and load them in later processes, skipping
+    # tracing and codegen (trainc/artifact_cache.py; TRAINC_CACHE_ARTIFACTS=0: off).
+    cache_artifacts: bool = True
     # backend="triton": time a few launch configs per kernel on first run and cache the winner
     # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).
     triton_autotune: bool = True
@@ -51,6 +58,7 @@ def _env_defaults() -> dict[str, Any]:
         "cpp_compiler": os.environ.get("TRAINC_CXX") or Config.cpp_compiler,
         "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
+        "cache_artifacts": os.environ.get("TRAINC_CACHE_ARTIFACTS", "1") not in ("", "0"),
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
     }

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import debug, records
+from trainc import artifact_cache, debug, records
 from trainc.codegen import get_backend
 from trainc.config import Config
 from trainc.graph import InputKind
@@ -22,6 +22,13 @@ from trainc.runtime import Artifact
 def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                   training: bool, config: Config) -> Artifact:
     t0, gid = time.perf_counter(), debug.next_graph_id()
+    key = artifact_cache.key(gm, args, kinds, training, config)
+    cached = artifact_cache.load(key, config)
+    if cached is not None:  # compiled by an earlier process: nothing to trace or generate
+        art, record = cached
+        records.publish(dataclasses.replace(record, graph_id=gid, compile_seconds=
+                                            time.perf_counter() - t0), config)
+        return art
     dump = debug.Dumper(config, gid)
     joint = trace_joint(gm, args, kinds, training)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
@@ -37,6 +44,7 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
+    artifact_cache.store(key, art, record, config)
     records.publish(record, config)
     return art
 

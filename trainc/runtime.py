@@ -56,6 +56,15 @@ def _forward_values(art: Artifact, results: list) -> list:
                 and is_dense(v.shape, stride):
             vals[nm + c] = torch.empty_strided(v.shape, stride, dtype=v.dtype,
                                                device=v.device).copy_(v)
+    # Two outputs merged into one value (CSE of equal expressions) are two tensors in eager:
+    # one object twice would alias them, and autograd would sum their tangents into one.
+    seen: set[int] = set()
+    for k in range(nm, len(vals)):
+        v = vals[k]
+        if isinstance(v, torch.Tensor):
+            if id(v) in seen:
+                vals[k] = v.clone()
+            seen.add(id(v))
     return vals
 
 

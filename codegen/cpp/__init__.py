@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch.fx as fx
 
@@ -39,14 +39,9 @@ class CppBackend:
             sources.append(src)
             params[k.name] = ps
         cpp = _PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
-        lib, path, hit = build(cpp, self.config) if kernels else (None, "", True)
-        funcs = _Kernels()
-        for k in kernels:
-            f = getattr(lib, k.name)
-            f.argtypes = [ctypes.c_void_p] * len(params[k.name])
-            f.restype = None
-            setattr(funcs, k.name, f)
-        wrapper = write_wrapper(sched, params)
+        funcs, path, hit = _load_kernels(cpp, params, self.config)
+        keep = self.config.cpp_keep_buffers and self.config.memory_budget is None
+        wrapper = write_wrapper(sched, params, keep=keep)
         fallbacks = sorted({str(c.target) for c in sched.items
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# C++ kernels ({path or 'none'}):\nCPP_SOURCE = r'''\n"
@@ -54,8 +49,28 @@ class CppBackend:
         return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"cpp": cpp, "library": path, "cache_hit": hit,
-                              "seconds": time.perf_counter() - t0, **wrapper.stats})
+                              "seconds": time.perf_counter() - t0, **wrapper.stats,
+                              # plain data rebuild() turns back into `run` (artifact cache)
+                              "recipe": ("cpp", (wrapper, params, cpp))})
 
 
 class _Kernels:
     """Namespace of the library's kernel functions (ctypes), as the wrapper calls them."""
+
+
+def _load_kernels(cpp: str, params: dict[str, list[str]], config: Config):
+    """(kernel functions, library path, cache hit) for the C++ source `cpp`."""
+    lib, path, hit = build(cpp, config) if params else (None, "", True)
+    funcs = _Kernels()
+    for name, ps in params.items():
+        f = getattr(lib, name)
+        f.argtypes = [ctypes.c_void_p] * len(ps)
+        f.restype = None
+        setattr(funcs, name, f)
+    return funcs, path, hit
+
+
+def rebuild(recipe: tuple, config: Config) -> Callable[[list], list]:
+    """A compiled graph's `run` from its recipe (CompiledGraph.extra["recipe"][1])."""
+    wrapper, params, cpp = recipe
+    return wrapper.build(_load_kernels(cpp, params, config)[0])

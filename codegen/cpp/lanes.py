@@ -7,7 +7,7 @@ from typing import Optional
 import sympy
 
 from trainc.codegen import ir
-from trainc.codegen.graph import LoweredGraph
+from trainc.codegen.graph import Buffer, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop
 
 LANE_WIDTHS = (64, 32, 16, 8)  # lanes per block: a divisor of the last outer dim, no tails
@@ -26,7 +26,7 @@ def choose_lanes(kern: Kernel, g: LoweredGraph, osyms, loop_syms, loop_dims,
     width = next((w for w in LANE_WIDTHS if w <= last and last % w == 0), None)
     if width is None:
         return None
-    scratch = sum(ir_bytes(g, b, len(kern.outer)) for b in kern.scratch) * width
+    scratch = sum(ir_bytes(kern.layout(b, g), len(kern.outer)) for b in kern.scratch) * width
     if scratch > SCRATCH_LIMIT:
         return None
     row = col = 0
@@ -35,7 +35,7 @@ def choose_lanes(kern: Kernel, g: LoweredGraph, osyms, loop_syms, loop_dims,
         for n in lp.steps:
             indices = [l.index for l in ir.loads(exprs[n.name]) if l.buf not in kern.scratch]
             if n.kind == "pointwise" and n.name not in kern.local:
-                indices.append(ir.linear(osyms + dims, g.buffers[n.name].stride))
+                indices.append(ir.linear(osyms + dims, kern.layout(n.name, g).stride))
             for index in indices:
                 if isyms and not set(isyms) & sympy.sympify(index).free_symbols:
                     continue  # invariant in the loop: read once either way
@@ -62,8 +62,7 @@ def _unit(index, sym: sympy.Symbol) -> bool:
     return coeff == 1
 
 
-def ir_bytes(g: LoweredGraph, buf: str, n_outer: int) -> int:
-    b = g.buffers[buf]
+def ir_bytes(b: Buffer, n_outer: int) -> int:
     return _numel(b.shape[n_outer:]) * b.dtype.itemsize
 
 
@@ -74,11 +73,13 @@ def _numel(shape) -> int:
     return n
 
 
-def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str], plain: list):
+def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str], plain: list,
+                 layouts: Optional[dict] = None):
     """(loop symbols, per-dim index expressions, loop extents) for a loop of pointwise steps:
     trailing inner dims merge into one loop when every access stays affine in the merged
     symbol (contiguous blocks), so the vectorized loop is long; otherwise one loop per dim
-    (`plain`: the per-dim symbols loops of the same extents share)."""
+    (`plain`: the per-dim symbols loops of the same extents share; `layouts`: the kernel's
+    reshaped buffers, Kernel.layouts)."""
     dims = list(lp.inner)
     if len(dims) < 2 or 0 in dims or any(n.kind != "pointwise" for n in lp.steps):
         return plain, plain, tuple(dims)
@@ -91,16 +92,16 @@ def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str], plain: list)
             subs.append(ir.FloorDiv(ir.ModIndex(f, below * size), below))
         syms = plain[:-m] + [f]
         index_of = plain[:-m] + subs
-        if _affine_in(lp, osyms + index_of, f, g, local):
+        if _affine_in(lp, osyms + index_of, f, g, local, layouts or {}):
             return syms, index_of, tuple(dims[:-m]) + (merged,)
     return plain, plain, tuple(dims)
 
 
-def _affine_in(lp: Loop, index_of, f, g: LoweredGraph, local: set[str]) -> bool:
+def _affine_in(lp: Loop, index_of, f, g: LoweredGraph, local: set[str], layouts: dict) -> bool:
     for n in lp.steps:
         indices = [l.index for l in ir.loads(n.fn(index_of))]
         if n.name not in local:
-            indices.append(ir.linear(index_of, g.buffers[n.name].stride))
+            indices.append(ir.linear(index_of, (layouts.get(n.name) or g.buffers[n.name]).stride))
         for index in indices:
             for x in sympy.preorder_traversal(index):
                 if isinstance(x, (ir.FloorDiv, ir.ModIndex, sympy.Min, sympy.Max)) and \

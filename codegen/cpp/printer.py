@@ -163,7 +163,8 @@ class KernelPrinter:
         # per loop: its loop symbols, the index expression of each inner dim, its extents
         plain: dict[tuple, list] = {}
         self.shapes = [flatten_loop(lp, self.osyms, g, kern.local,
-                                    plain.setdefault(tuple(lp.inner), ir.symbols("i", lp.inner)))
+                                    plain.setdefault(tuple(lp.inner), ir.symbols("i", lp.inner)),
+                                    kern.layouts)
                        for lp in kern.loops]
         self.exprs = {} if kern.kind != "loops" else {
             n.name: n.fn(self.osyms + dims) if n.kind == "pointwise" else n.fn(self.osyms, dims)
@@ -217,7 +218,7 @@ class KernelPrinter:
 
     def _scratch_slot(self, body: Body, buf: str, index) -> str:
         """Where `buf[index]` lives in the buffer's scratch array (lane-major with lanes)."""
-        b = self.g.buffers[buf]
+        b = self.k.layout(buf, self.g)
         h = within_outer(index, self.osyms, b.stride, b.shape)
         assert h is not None, f"trainc cpp: scratch read of {buf} leaves its outer iteration"
         return f"{body.index(h)} * {self.lanes} + j" if self.lanes else body.index(h)
@@ -258,7 +259,7 @@ class KernelPrinter:
             for s in osyms:
                 lines.append(f"    const int64_t {s.name} = 0;")
         for b in sorted(self.k.scratch):  # one outer iteration of each kernel-internal buffer
-            buf = self.g.buffers[b]
+            buf = self.k.layout(b, self.g)
             n = _numel(buf.shape[len(self.k.outer):]) * w
             t = STORAGE[buf.dtype] if buf.dtype == torch.bool else ctype(buf.dtype)
             lines.append(f"    alignas(64) {t} {b}_s[{n}];")
@@ -315,7 +316,7 @@ class KernelPrinter:
 
     def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms) -> None:
         v = body.value(self.exprs[n.name])
-        b = self.g.buffers[n.name]
+        b = self.k.layout(n.name, self.g)
         index = ir.linear(osyms + isyms, b.stride)
         if n.name in self.k.scratch:
             body.emit(f"{n.name}_s[{self._scratch_slot(body, n.name, index)}] = {v};")
@@ -383,7 +384,7 @@ class KernelPrinter:
             body.emit(f"const {t} {final} = {value};")
         self.values[n.name] = final
         if n.name not in self.k.local:
-            b = self.g.buffers[n.name]
+            b = self.k.layout(n.name, self.g)
             self.store(body, n, index_code(ir.linear(osyms, b.stride)), final)
         if self.lanes:
             body.emit("}")

@@ -23,50 +23,15 @@ def reshape(x: TensorValue, shape) -> TensorValue:
     if numel(shape) == 0:
         zero = ir.Const(0, x.dtype)
         return TensorValue(shape, x.dtype, lambda i: cast(zero, x.dtype))
-    groups = _groups(x.shape, shape)
+    groups = ir.reshape_groups(x.shape, shape)
 
     def fn(idx):
-        old = [sympy.Integer(0)] * len(x.shape)
-        for oi, nj in groups:
-            g = ir.linear([idx[j] for j in nj], ir.contiguous_strides([shape[j] for j in nj]))
-            after = 1
-            for k in reversed(oi):
-                old[k] = ir.ModIndex(ir.FloorDiv(g, after), x.shape[k])
-                after *= x.shape[k]
-        return x(old)
+        return x(ir.reshape_index(idx, shape, x.shape))
     stride = _view_strides(x, shape, groups) if x.view is not None else None
     if stride is None:
         return TensorValue(shape, x.dtype, fn)
     # A value with a StridedView reads its buffer directly: index it with the new strides.
     return ir.buffer_value(x.view.buf, shape, stride, x.dtype, x.view.offset)
-
-
-def _groups(old, new) -> list[tuple[list[int], list[int]]]:
-    """Minimal runs of old and new dims with equal products; size-1 dims stand alone."""
-    i = j = 0
-    out = []
-    while i < len(old) or j < len(new):
-        if j < len(new) and new[j] == 1 and (i >= len(old) or old[i] != 1):
-            out.append(([], [j]))
-            j += 1
-            continue
-        if i < len(old) and old[i] == 1 and (j >= len(new) or new[j] != 1):
-            out.append(([i], []))
-            i += 1
-            continue
-        oi, nj, po, pn = [i], [j], old[i], new[j]
-        i, j = i + 1, j + 1
-        while po != pn:
-            if po < pn:
-                oi.append(i)
-                po *= old[i]
-                i += 1
-            else:
-                nj.append(j)
-                pn *= new[j]
-                j += 1
-        out.append((oi, nj))
-    return out
 
 
 def _view_strides(x: TensorValue, shape, groups):
@@ -187,6 +152,8 @@ def cat(ctx, node, tensors, dim=0):
         offsets.append(acc)
         acc += t.shape[dim]
     dt = opmath(out.dtype)
+    if len(parts) > 1 and len({t.shape[dim] for t in parts}) == 1:
+        return _cat_equal(parts, dim, tuple(out.shape), out.dtype)
 
     def fn(idx):
         def piece(k):
@@ -201,6 +168,24 @@ def cat(ctx, node, tensors, dim=0):
             e = ir.op("where", dt, below, piece(k), e)
         return e
     return TensorValue(tuple(out.shape), out.dtype, fn)
+
+
+def _cat_equal(parts, dim: int, shape, dtype) -> TensorValue:
+    """cat of equal-size parts: position i of the dim is element i % p of part i // p, so every
+    part is read in bounds without clamping (a scheduler that splits the dim into
+    (parts, p) then indexes them all contiguously and picks one per outer iteration)."""
+    p, dt = parts[0].shape[dim], opmath(dtype)
+
+    def fn(idx):
+        which = IndexValue(ir.FloorDiv(idx[dim], p))
+        i = list(idx)
+        i[dim] = ir.ModIndex(idx[dim], p)
+        e = cast(parts[-1](i), dt)
+        for k in range(len(parts) - 2, -1, -1):
+            is_k = ir.op("eq", torch.bool, which, Const(k, torch.int64))
+            e = ir.op("where", dt, is_k, cast(parts[k](i), dt), e)
+        return e
+    return TensorValue(shape, dtype, fn)
 
 
 @register(aten.constant_pad_nd.default)

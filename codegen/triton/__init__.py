@@ -39,13 +39,9 @@ class TritonBackend:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
         sched = schedule(lower(gm, LOWERINGS, is_extern))
-        # In-place results into the buffers they overwrite: not on CUDA yet. There, AdamW
-        # compile_step went wrong from its 2nd step (H200, 2026-11-30; right with fresh
-        # buffers). Likely cause, fixed by `foreign` but not yet re-checked on a GPU: Adam's
-        # step count is a CPU scalar input, the launcher hands kernels a CUDA copy of it, and
-        # the planned in-place `step += 1` was written into that copy and lost.
-        if device.type != "cuda":
-            plan_storage(sched, _foreign(sched, example_inputs, device))
+        # In-place results into the buffers they overwrite; never into an input the launcher
+        # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
+        plan_storage(sched, _foreign(sched, example_inputs, device))
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
         module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)

@@ -81,6 +81,11 @@ def load_module(source: str, config: Config):
         return mod, path
 
 
+def _scratch(ks: KernelSource, args) -> tuple:
+    """The kernel's per-call scratch buffers (on CUDA every argument is on the GPU by now)."""
+    return tuple(torch.empty(s.numel, dtype=s.dtype, device=args[0].device) for s in ks.scratch)
+
+
 def heuristic(ks: KernelSource) -> LaunchConfig:
     if ks.mode == "split":
         return LaunchConfig(1, 2048, 8)
@@ -123,6 +128,7 @@ class Launcher:
         self.cuda = device is not None and device.type == "cuda"
         self.fn = getattr(module, ks.name, None)  # split kernels have stage functions only
         self.init = getattr(module, ks.name + "_init", None)
+        self.cast = getattr(module, ks.name + "_cast", None)  # float32-accumulated scatters
         self.stages = [(getattr(module, st.fn), st.programs) for st in ks.stages]
         self.cfg: Optional[LaunchConfig] = None
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
@@ -162,7 +168,8 @@ class Launcher:
         else:
             configs = candidates(self.ks) if self.config.triton_autotune else \
                 [heuristic(self.ks)]
-        fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn) if f is not None]
+        fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn, self.cast)
+                                              if f is not None]
         dtypes = list(self.dtypes) + [s.dtype for s in self.ks.scratch]
         jobs = []
         for c in configs:
@@ -176,17 +183,18 @@ class Launcher:
         ks = self.ks
         kw = {"XBLOCK": c.XBLOCK, "num_warps": c.num_warps, "num_stages": c.num_stages}
         if ks.mode == "scatter":
+            args = tuple(args) + _scratch(ks, args)
             if ks.xnumel:
                 self.init[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
             if ks.rnumel:
                 self.fn[(_cdiv(ks.rnumel, c.XBLOCK),)](*args, **kw)
+            if ks.xnumel and self.cast is not None:
+                self.cast[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
             return
         if c.RBLOCK:
             kw["RBLOCK"] = c.RBLOCK
         if ks.mode == "split":
-            dev = args[0].device  # on CUDA every argument is on the GPU by now
-            args = tuple(args) + tuple(torch.empty(s.numel, dtype=s.dtype, device=dev)
-                                       for s in ks.scratch)
+            args = tuple(args) + _scratch(ks, args)
             for fn, programs in self.stages:
                 fn[(programs,)](*args, **kw)
             return

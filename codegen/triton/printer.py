@@ -15,7 +15,7 @@ from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
 from trainc.codegen.triton.exprs import (TL, Body, cast_code, compute, index_code, literal,
                                           tl_compute, to_dtype)
-from trainc.codegen.triton.split import split_source, splittable
+from trainc.codegen.triton.split import Scratch, split_source, splittable
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -25,7 +25,7 @@ BIG_INDEX = 2**62  # argmax lanes that have not seen a value yet
 @dataclass(frozen=True)
 class KernelSource:
     name: str
-    source: str  # one @triton.jit function (two for scatters: name + "_init", then name)
+    source: str  # @triton.jit functions (scatters: name + "_init", name[, name + "_cast"])
     params: tuple[str, ...]
     mode: str  # "1d" | "2d" | "scatter"
     xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
@@ -33,7 +33,10 @@ class KernelSource:
     rblock: int  # 2d persistent: the tile width; 0 when looped
     inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
     stages: tuple = ()  # split: (split.Stage, ...) launched in order
-    scratch: tuple = ()  # split: (split.Scratch, ...) allocated per call, passed after params
+    scratch: tuple = ()  # split, scatter: (split.Scratch, ...) per call, passed after params
+
+
+LOW = (torch.bfloat16, torch.float16)
 
 
 def next_pow2(n: int) -> int:
@@ -98,6 +101,9 @@ class KernelPrinter:
     def load(self, body: Body, e: ir.Load) -> str:
         if e.buf in self.values:
             return self.values[e.buf]
+        b = self.g.buffers[e.buf]
+        if _numel(b.shape) == 0:  # only read in empty loops; a load (masked or not, the index
+            return f"xz.to({TL[compute(b.dtype)]})"  # may be constant) would be out of bounds
         idx = body.index(e.index)
         m = self.mask(body.axes_of(e.index))
         if e.buf in self.rename_loads:  # kept in compute precision: no conversion
@@ -134,8 +140,9 @@ class KernelPrinter:
         both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
         return dataclasses.replace(ks, inplace=both)
 
-    def _header(self, name: str, body: Body, n: int, extra: str = "") -> list[str]:
-        params = "".join(f"{p}, " for p in self.params)  # may be empty
+    def _header(self, name: str, body: Body, n: int, extra: str = "",
+                scratch: tuple = ()) -> list[str]:
+        params = "".join(f"{p}, " for p in [*self.params, *(s.name for s in scratch)])
         pid = "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
         shape2 = self.mode == "2d" and name == self.k.name
         ar = "tl.arange(0, XBLOCK)[:, None]" if shape2 else "tl.arange(0, XBLOCK)"
@@ -161,7 +168,7 @@ class KernelPrinter:
         for n in lp.steps:
             v = body.value(n.fn(syms))
             if n.name not in self.k.local:
-                b = self.g.buffers[n.name]
+                b = self.k.layout(n.name, self.g)
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
             self.values[n.name] = v
         total = _numel(shape)
@@ -216,7 +223,7 @@ class KernelPrinter:
             if n.kind == "pointwise":
                 v = inner.value(n.fn(osyms + isyms))
                 if n.name not in self.k.local:
-                    b = self.g.buffers[n.name]
+                    b = self.k.layout(n.name, self.g)
                     idx = inner.index(ir.linear(osyms + isyms, b.stride))
                     self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
                 self.values[n.name] = v
@@ -310,29 +317,49 @@ class KernelPrinter:
         self.axes[f] = frozenset({"x"})
         self.keep(body, n.name, f)
         if n.name not in self.k.local:
-            b = self.g.buffers[n.name]
+            b = self.k.layout(n.name, self.g)
             self.store(body, n.name, index_code(ir.linear(osyms, b.stride)), f, "xz", "xmask")
 
     # -- scatter ------------------------------------------------------------------------------
     def _scatter(self) -> KernelSource:
+        """init: out = init(i); then out[index(v)] op= fn(v). A bf16/fp16 scatter-add sums in a
+        float32 scratch (`acc`) and a third function rounds it into out: Triton has no 16-bit
+        atomic_add on every target (its interpreter has none), and float32 sums are exacter."""
         n = self.k.nodes[0]
         out = self.g.buffers[n.name]
+        acc = "acc" if n.reduce_op == "add" and out.dtype in LOW else ""
         init = Body(self, "    ")
         ssyms = ir.symbols("s", n.shape)
         self._split(init, "xindex", ssyms, n.shape, "x")
         v = init.value(n.init(ssyms))
-        self.store(init, n.name, init.index(ir.linear(ssyms, out.stride)), v, "xz", "xmask")
+        if acc:
+            init.emit(f"tl.store({acc} + xindex, {v}, mask=xmask)")
+        else:
+            self.store(init, n.name, init.index(ir.linear(ssyms, out.stride)), v, "xz", "xmask")
         body = Body(self, "    ")
         vsyms = ir.symbols("v", n.rshape)
         self._split(body, "xindex", vsyms, n.rshape, "x")
         v = body.value(n.fn(vsyms))
-        self.store(body, n.name, body.index(n.index(vsyms)), v, "xz", "xmask",
-                   atomic=n.reduce_op == "add")
-        first = self._header(self.k.name + "_init", init, _numel(n.shape))
-        second = self._header(self.k.name, body, _numel(n.rshape))
-        src = "\n".join(first) + "\n\n\n" + "\n".join(second)
+        if acc:
+            body.emit(f"tl.atomic_add({acc} + {body.index(n.index(vsyms))} + xz, {v}, "
+                      f"mask=xmask)")
+        else:
+            self.store(body, n.name, body.index(n.index(vsyms)), v, "xz", "xmask",
+                       atomic=n.reduce_op == "add")
+        funcs = [(self.k.name + "_init", init, _numel(n.shape)),
+                 (self.k.name, body, _numel(n.rshape))]
+        scratch: tuple = ()
+        if acc:
+            cast = Body(self, "    ")
+            self._split(cast, "xindex", ssyms, n.shape, "x")
+            self.store(cast, n.name, cast.index(ir.linear(ssyms, out.stride)),
+                       f"tl.load({acc} + xindex, mask=xmask)", "xz", "xmask")
+            funcs.append((self.k.name + "_cast", cast, _numel(n.shape)))
+            scratch = (Scratch(acc, _numel(n.shape), torch.float32),)
+        src = "\n\n\n".join("\n".join(self._header(name, b, size, scratch=scratch))
+                             for name, b, size in funcs)
         return KernelSource(self.k.name, src, tuple(self.params), "scatter", _numel(n.shape),
-                            _numel(n.rshape), 0)
+                            _numel(n.rshape), 0, scratch=scratch)
 
 
 def _mode(kern: Kernel) -> str:

@@ -100,7 +100,7 @@ def _stage_a(p, outer: Body, lp: Loop, k: int) -> None:
         if n.kind == "pointwise":
             v = inner.value(n.fn(isyms))
             if n.name not in p.k.local:
-                b = p.g.buffers[n.name]
+                b = p.k.layout(n.name, p.g)
                 idx = inner.index(ir.linear(isyms, b.stride))
                 p.store(inner, n.name, idx, v, f"xz + {p.rz}", f"xmask & {p.rmask}")
             p.values[n.name] = v

@@ -100,6 +100,25 @@ def test_outputs_aliasing_each_other():
     assert b[1].item() == 42.0 and c[1, 0].item() == 42.0
 
 
+def test_equal_outputs_stay_separate_tensors():
+    """Two equal expressions (merged by CSE) are two tensors in eager: each gets its own
+    tangent (summing them first turns inf * t1 + inf * t2 into NaN differently) and writing
+    to one leaves the other alone."""
+    def f(x):
+        return x @ x.t(), x @ x.t()
+    x = torch.tensor([[float("-inf"), 1.0], [2.0, 3.0]], requires_grad=True)
+    t1, t2 = torch.tensor([[1.0, -1.0], [2.0, 0.5]]), torch.tensor([[-1.0, 1.0], [1.0, 1.0]])
+    a, b = _compile(f)(x)
+    assert a is not b and a.data_ptr() != b.data_ptr()
+    (g,) = torch.autograd.grad((a, b), (x,), (t1, t2))
+    e1, e2 = f(x)
+    (ge,) = torch.autograd.grad((e1, e2), (x,), (t1, t2))
+    assert torch.equal(torch.isnan(g), torch.isnan(ge)), (g, ge)
+    a2, b2 = _compile(f)(torch.ones(2, 2))
+    a2.add_(1.0)
+    assert torch.equal(b2, torch.full((2, 2), 2.0))
+
+
 def test_mixed_requires_grad_and_integer_inputs():
     def f(x, w, idx, k):
         return (x[idx] * w).sum(0) + k.float().mean(), idx * 2

@@ -71,6 +71,7 @@ def _known_bug(e: BaseException) -> str | None:
 def run_check(thing, backend: str, budget) -> None:
     """thing.check(...); clear trainc refusals are not bugs: count them and move on."""
     outcome = "fail"
+    _note_current(thing, backend, budget)
     try:
         thing.check(backend=backend, memory_budget=budget)
         outcome = "pass"
@@ -93,6 +94,16 @@ def run_check(thing, backend: str, budget) -> None:
         event(f"known bug: {name}")
     finally:
         _tally(outcome)
+
+
+def _note_current(thing, backend: str, budget) -> None:
+    """The example about to run, as a findings-style program file, to $TRAINC_FUZZ_CURRENT:
+    a crash (segfault) kills the process before hypothesis can print it."""
+    path = os.environ.get("TRAINC_FUZZ_CURRENT")
+    source = getattr(thing, "source", None)
+    if path and source:
+        with open(path, "w") as f:
+            f.write(f"{source}\n\nOPTS = {{'backend': {backend!r}, 'memory_budget': {budget!r}}}\n")
 
 
 def _tally(outcome: str) -> None:

@@ -12,13 +12,21 @@ from trainc.testing import assert_grads_match
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
 OPEN = {  # file: what is wrong, as far as diagnosed
-    "programs_nodrop_aten_None_20261221": "x0 @ x0.T twice, CSE'd: backward sums the tangents "
-    "before one mm, eager after two; with -inf in x0 one order gives NaN, the other not",
     "programs_nodrop_cpp_None_20261224": "sin(sum(2.5 x) ** 3) in float32: ill-conditioned, "
     "a different summation order is 8x eager's error (5e-5 vs 6e-6); the policy's one eager "
     "sample does not measure the conditioning",
 }
 FIXED = {
+    "programs_nodrop_triton_0_5_20261441": "(session 3 nightly, 18 segfaults under the triton "
+    "3.6 interpreter) softmax of an empty gather: the kernel loaded a zero-element buffer at "
+    "a constant index, unmasked, out of bounds; such loads are now zeros of the block's shape",
+    "programs_nodrop_aten_None_20261221": "x0 @ x0.T twice, CSE'd into one value the runtime "
+    "returned as one tensor object twice: autograd summed the two tangents before the backward "
+    "(inf vs NaN with -inf inputs; and the two outputs aliased). Duplicates are now cloned",
+    "programs_triton_0_0_20261308": "(nightly of session 2, seed 20261308) a saved value traced "
+    "as an expanded layout was computed dense by the forward; the backward, compiled for the "
+    "expanded layout, could not take it. Such outputs are now computed once and returned "
+    "expanded",
     "programs_nodrop_triton_0_5_20261236": "triton log1p(+inf) gave NaN",
     "programs_nodrop_triton_None_20261230": "triton tanh was up to 5 ulp off in float32; its "
     "backward (1 - y^2) amplified that to 20x eager's grad error",

@@ -40,7 +40,8 @@ def test_cudagraphs_replay_matches_plain_runs_on_gpu():
         torch.testing.assert_close(a, b)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
-    m2, r2 = _mlp().cuda(), _mlp().cuda()
+    m2 = _mlp().cuda()
+    r2 = copy.deepcopy(m2)  # the same initial weights: the two steps must agree
     lf = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
     s1 = trainc.compile_step(m2, lf, torch.optim.AdamW(m2.parameters(), lr=1e-2),
                              backend="triton", cudagraphs=True)

@@ -136,3 +136,37 @@ def test_zero_size_and_scalar_kernels():
     def f(a, z):
         return a * 2, a.sum(), z * 3, z.sum(0), a.amax()
     check(f, torch.randn(()), torch.randn(0, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_scatter_add_sums_in_float32(dtype):
+    """16-bit scatter-adds accumulate in a float32 scratch and round once (the interpreter has
+    no 16-bit atomic_add): duplicates that would each round away in bf16 still count."""
+    def f(g, idx, x):
+        gw = torch.ops.aten.embedding_dense_backward(g, idx, 6, -1, False)
+        return gw, x.index_put((idx[0],), g[0], accumulate=True), x.scatter_add(0, idx[:, :4], x)
+    idx = torch.randint(0, 6, (2, 9))
+    idx[0, :5] = 2
+    g = torch.full((2, 9, 4), 1 / 512).to(dtype)
+    g[0, 0] = 1.0
+    x = torch.randn(6, 4).to(dtype)
+    args = [a.to(DEVICE) for a in (g, idx, x)]
+    outs = compile_triton(f, *args).run(list(args))
+    for o, r in zip(outs, f(*[a.double() if a.is_floating_point() else a for a in args])):
+        assert o.dtype == dtype
+        # one rounding of the float32 sum: within half an ulp of the float64 sum (+ float32)
+        assert_same(o.double(), r.to(dtype).double(), 0, 1e-6, "16-bit scatter-add")
+
+
+def test_fusion_across_reshapes_and_equal_part_cat():
+    # kernels whose nodes are viewed in another shape (norm rows vs a flattened result, heads
+    # merged for bmm) and a cat whose dim splits into (part, position)
+    def f(x, w, y, g, m):
+        ln = F.layer_norm(x, (16,), w, None).view(32, 16) @ m
+        d = (g * y - y * (g * y).sum(-1, keepdim=True)).view(6, 8, 8)
+        cat = torch.cat([x.transpose(1, 2)[:, :8], x[:, :, :8], x[:, :, 8:]], -1)
+        return ln, d, cat.view(32, 24) * 2
+    y = torch.softmax(torch.randn(2, 3, 8, 8), -1)
+    c = check(f, torch.randn(4, 8, 16), torch.randn(16), y, torch.randn(2, 3, 8, 8),
+              torch.randn(16, 5), atol=1e-5)
+    assert len(c.kernels) <= 3, [k.nodes for k in c.kernels]
