@@ -9,11 +9,12 @@ the model, of the loss, and of optimizer.step), inductor_loss (model and loss in
 function, optimizer.step compiled), trainc (trainc.compile_step), and on --budget-models only:
 inductor_budget (the inductor arrangement under PyTorch's activation_memory_budget=--budget),
 trainc_budget (compile_step with memory_budget=--budget). Per row: median step ms, peak MiB above
-the starting allocation (CUDA: allocator statistics; CPU: torch.profiler allocator events), first
-call s, last loss. Writes DIR/step_suite.md (tables, trainc vs the best torch.compile
-arrangement) and DIR/step_suite.json, rewritten after every model, so a run cut short keeps
-what it measured. --jobs N splits the (dtype, model) list over N processes: one GPU each when
-there are enough, else they share one and take turns (a file lock) for peak and timing.
+the starting allocation (CUDA: allocator statistics; CPU: torch.profiler allocator events; plus
+the buffers trainc's cpp graphs keep between calls), first call s, last loss. Writes
+DIR/step_suite.md (tables, trainc vs the best torch.compile arrangement) and
+DIR/step_suite.json, rewritten after every model, so a run cut short keeps what it measured.
+--jobs N splits the (dtype, model) list over N processes: one GPU each when there are enough,
+else they share one and take turns (a file lock) for peak and timing.
 --scale tiny: very small models (tests of this script's CPU path).
 """
 from __future__ import annotations
@@ -131,14 +132,18 @@ def run_model(name: str, dtype: torch.dtype, args, device: str, lock) -> list[di
               file=sys.stderr, flush=True)
     with lock:  # peak and timing only while no other shard measures on this device
         for mode, e in entries.items():
-            e["peak"] = peak_bytes(lambda: e["step"](*e["xs"]), torch.device(device)) / 2**20
+            # + buffers kept allocated between calls (trainc cpp): resident, unseen per call
+            e["kept"] = getattr(e["step"], "kept_bytes", 0) / 2**20
+            e["peak"] = e["kept"] + peak_bytes(lambda: e["step"](*e["xs"]),
+                                               torch.device(device)) / 2**20
         for _ in range(args.iters):  # interleaved: one step of each mode per round
             for e in entries.values():
                 ms, e["loss"] = time_one(e["step"], e["xs"], device)
                 e["times"].append(ms)
     for mode, e in entries.items():
         rows.append(_row(name, dtype, mode, args, step_ms=round(statistics.median(e["times"]), 3),
-                         peak_mib=round(e["peak"], 2), first_call_s=round(e["first"], 2),
+                         peak_mib=round(e["peak"], 2), kept_mib=round(e["kept"], 2),
+                         first_call_s=round(e["first"], 2),
                          loss=float(e["loss"])))
         print(json.dumps(rows[-1]), flush=True)
     entries.clear()

@@ -53,8 +53,9 @@ class ComputeNode:
     init: Optional[Callable] = None
     index: Optional[Callable] = None
     origins: tuple[str, ...] = ()
-    # compile_step with a budget tags forward (0) and backward (1) nodes; kernels never mix
-    # them, or a value recomputed for the backward would be fused back into the forward
+    # compile_step with a budget tags forward (0) and backward (1, 2, ...: a new region at each
+    # run of recomputed copies) nodes; kernels never mix regions, or a recomputed value would
+    # be fused back into an earlier kernel and kept alive
     region: int = 0
 
 

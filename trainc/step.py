@@ -92,6 +92,13 @@ class CompiledStep:
         run_post_hooks(self.optimizer, post)
         return loss
 
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of buffers the compiled graphs keep allocated between calls (backend "cpp"
+        without a memory budget): resident memory a per-call peak measurement does not see."""
+        graphs = {id(c.graph): c.graph for c in self.cache.values()}
+        return sum(g.extra.get("kept_bytes", 0) for g in graphs.values())
+
     def _step(self, batch, accumulate: bool) -> torch.Tensor:
         key = self._key(batch, accumulate)
         comp = self.cache.get(key)

@@ -80,7 +80,7 @@ def test_budget_lowers_the_peak_of_generated_code(backend):
         step = trainc.compile_step(mm, loss_fn, torch.optim.AdamW(mm.parameters(), lr=1e-3),
                                    backend=backend, memory_budget=budget)
         step(x)
-        peak[budget] = peak_bytes(lambda: step(x), torch.device("cpu"))
+        peak[budget] = _resident_peak(step, x)
     assert peak[0.0] < 0.45 * peak[None], peak
 
 
@@ -99,8 +99,14 @@ def test_budget_keeps_parameter_updates_in_place_on_cpp():
                                    torch.optim.AdamW(mm.parameters(), lr=1e-3),
                                    backend="cpp", memory_budget=budget)
         step(x)
-        peak[budget] = peak_bytes(lambda: step(x), torch.device("cpu"))
+        peak[budget] = _resident_peak(step, x)
     assert peak[0.0] <= 1.05 * peak[None], peak
+
+
+def _resident_peak(step, x) -> int:
+    """Peak of one step plus the buffers the compiled graphs keep between calls (cpp without
+    a budget keeps its internal buffers: they are memory the step uses, allocated once)."""
+    return peak_bytes(lambda: step(x), torch.device("cpu")) + step.kept_bytes
 
 
 def _check_regions(gm):
