@@ -293,16 +293,19 @@ class GraphLowering:
             return v
         if v.view is None:
             v = self._realize_as_traced(v, a)
+        flat = _expanded_dims(a, v)
+        if flat and any(v.view.stride[d] != 0 for d in flat):
+            # Already stored densely (an extern read it): its slices along the traced stride-0
+            # dims are equal, so the traced expanded layout is a view of the first one.
+            stride = tuple(0 if d in flat else st for d, st in enumerate(v.view.stride))
+            v = ir.buffer_value(v.view.buf, v.shape, stride, v.dtype, v.view.offset)
         return self.tensor_arg(v)
 
     def _realize_as_traced(self, v: TensorValue, node) -> TensorValue:
         """A computed output in the layout the traced graph gives it: a dense one as is; an
         expanded one (stride 0 on a longer dim) computed once along those dims and returned
         expanded. The next graph (a backward reading a saved value) indexes exactly that."""
-        val = node.meta.get("val") if isinstance(node, fx.Node) else None
-        if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
-            return self.realize(v)
-        flat = [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
+        flat = _expanded_dims(node, v)
         if not flat:
             return self.realize(v, _traced_layout(node, v))
         shape = tuple(1 if d in flat else n for d, n in enumerate(v.shape))
@@ -311,6 +314,14 @@ class GraphLowering:
             [zero if d in flat else x for d, x in enumerate(i)])))
         stride = tuple(0 if d in flat else st for d, st in enumerate(one.view.stride))
         return ir.buffer_value(one.view.buf, v.shape, stride, v.dtype)
+
+
+def _expanded_dims(node, v: TensorValue) -> list[int]:
+    """The dims (longer than 1) on which the traced graph gives output `node` stride 0."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
+        return []
+    return [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
 
 
 def _crosses(node: fx.Node) -> bool:

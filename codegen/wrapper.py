@@ -40,14 +40,17 @@ class Wrapper:
 def restride(t: torch.Tensor, stride) -> torch.Tensor:
     """t laid out with `stride` (inputs and ATen results the kernels index by stride): t itself
     when only the strides of size-1 dims differ (they are never used to index), else a copy.
-    A target stride of 0 on a longer dim (an expanded layout) cannot be copied into; the
-    values must then be equal along it, which t's own stride 0 there guarantees."""
+    A target stride of 0 on a longer dim (an expanded layout) is a saved value the forward
+    traced as an expand (graph inputs with other strides recompile): its slices along those
+    dims are equal, so the first one is laid out and expanded."""
     if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
         return t
-    if any(n > 1 and b == 0 and a != 0 for n, a, b in zip(t.shape, t.stride(), stride)):
-        raise RuntimeError(f"trainc: a tensor of strides {t.stride()} where the compiled code "
-                           f"expects the expanded layout {tuple(stride)}; please report")
-    return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+    shape = tuple(t.shape)
+    flat = [d for d, (n, b) in enumerate(zip(shape, stride)) if n > 1 and b == 0]
+    for d in flat:
+        t = t.narrow(d, 0, 1)
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+    return out.expand(shape) if flat else out
 
 
 class Kept:
