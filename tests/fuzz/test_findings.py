@@ -13,6 +13,10 @@ from trainc.testing import ReplayFunctional, assert_grads_match
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
 OPEN = {  # file: what is wrong, as far as diagnosed
+    "programs_nodrop_triton_None_20261809": "(session 3 final local nightly, triton 3.9 "
+    "interpreter) log_softmax of a 0-d float32 tensor: its backward (t - exp(y) * sum(t), "
+    "exactly 0 in eager) leaves a residual on triton: grad error 3.7e-5 vs eager's 4.1e-6. "
+    "Without the log_softmax the program passes; not yet diagnosed",
     "modules_aten_0_5_20261713": "(local nightly, session 3) bf16 Conv-BN-Conv-BN on a batch "
     "of 2 at 1x1: the second BN cancels the first BN's parameters' gradients (float64: 1e-16 "
     "and ~1e-2), so they are rounding noise: eager's error 0.43, trainc's 12-17 on every "
