@@ -77,6 +77,27 @@ def test_assert_grads_match_catches_a_wrong_gradient(monkeypatch):
         assert_grads_match(f, inputs, backend="aten")
 
 
+def test_conditioning_measures_cancellation_and_skips_ties():
+    from trainc.testing.check import _conditioning, _run
+    torch.manual_seed(0)
+
+    def run_estimate(f, inputs):
+        make = lambda: [x.detach().clone().requires_grad_() for x in inputs]  # noqa: E731
+        eager = _run(f, None, make(), 0)
+        ref = _run(f, None, [x.detach().double().requires_grad_() for x in inputs], 0,
+                   cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
+        return _conditioning(f, make, 0, eager.tangent_dtypes, ref)
+    # a + b cancels 200-fold: one unit roundoff of the inputs moves it ~200 unit roundoffs
+    cancel = run_estimate(lambda a, b: (a + b,), [torch.tensor([1.4271]), torch.tensor([-1.4343])])
+    assert 100 * 2 ** -24 < cancel["output 0"] < 1000 * 2 ** -24
+    assert cancel["grad of input 0"] < 4 * 2 ** -24  # the gradient (the tangent) is not
+    # maximum(x, x.mean()) of equal values is a tie: random signs break it (a jump, not linear:
+    # no estimate); moving every value up keeps it (one unit roundoff): a wrong side of the tie
+    # is never excused
+    tie = run_estimate(lambda x: (torch.maximum(x, x.mean()),), [torch.full((15,), 0.3)])
+    assert tie.get("grad of input 0", 0.0) < 2 * 2 ** -24
+
+
 def test_program_source_is_runnable():
     prog = Program(torch.float32, (InputSpec((2, 3)), InputSpec((3,), False, "expanded", (0,))),
                    ("v0 = x0 * x1", "v1 = v0.sum(1, keepdim=True)", "v0.mul_(0.5)"),

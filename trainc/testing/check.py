@@ -56,12 +56,14 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
     eager = _run(_copy(eager_fn), None, make(), seed)
     ref = _run(_copy(eager_fn), None, [_clone(x, torch.float64) for x in make()], seed,
                cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
-    low = None
+    low, cond = None, {}
     if any(v.dtype == torch.float64 for _, v in _values(eager) if torch.is_tensor(v)):
         # float64 eager *is* the reference; a float32 run tells how conditioned each value is.
         low = _run(_copy(eager_fn), None, [_clone(x, torch.float32) for x in make()], seed,
                    cast=torch.float32, tangent_dtypes=eager.tangent_dtypes)
-    mismatches += _compare_runs(first, eager, ref, low)
+    else:
+        cond = _conditioning(eager_fn, make, seed, eager.tangent_dtypes, ref)
+    mismatches += _compare_runs(first, eager, ref, low, cond)
     if mismatches:
         raise AssertionError(_report(mismatches, fn, source, compile_options))
     return mismatches
@@ -72,12 +74,21 @@ def _copy(fn: Callable) -> Callable:
 
 
 def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
-         cast: Optional[torch.dtype] = None, tangent_dtypes: Optional[list] = None) -> RunResult:
-    """Run once under `seed`; backward with fixed random tangents on every differentiable output."""
+         cast: Optional[torch.dtype] = None, tangent_dtypes: Optional[list] = None,
+         perturb: float = 0.0) -> RunResult:
+    """Run once under `seed`; backward with fixed random tangents on every differentiable output.
+
+    `perturb`: move every floating input, parameter and tangent by this many unit roundoffs of
+    its own (pre-cast) dtype, with signs drawn from a fixed seed (see _conditioning)."""
     if module is None and isinstance(call, torch.nn.Module):
         module = call
+        dtypes = {n: p.dtype for n, p in module.named_parameters()}
         if cast is not None:
             module.to(cast)
+        if perturb:
+            with torch.no_grad():
+                for i, (n, p) in enumerate(module.named_parameters()):
+                    p.copy_(_perturbed(p, dtypes[n], perturb, 1000 + i))
     params = list(module.named_parameters()) if isinstance(module, torch.nn.Module) else []
     torch.manual_seed(seed)
     outs, _ = tree_flatten(call(*args))
@@ -87,6 +98,9 @@ def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
     diff = [o for o in outs if torch.is_tensor(o) and o.requires_grad]
     dtypes = [o.dtype for o in diff]
     tangents = _tangents(diff, seed, tangent_dtypes or dtypes)
+    if perturb:
+        tangents = [_perturbed(t, d, perturb, 2000 + i)
+                    for i, (t, d) in enumerate(zip(tangents, tangent_dtypes or dtypes))]
     grads: list = [None] * len(wrt)
     if diff and wrt:
         grads = list(torch.autograd.grad(diff, [t for _, t in wrt], tangents, allow_unused=True))
@@ -96,6 +110,63 @@ def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
     return RunResult([o.detach() if torch.is_tensor(o) else o for o in outs], grads,
                      [n for n, _ in wrt], after, buffers, dtypes,
                      [torch.is_tensor(o) and o.requires_grad for o in outs])
+
+
+def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
+                  ref: RunResult) -> dict[str, float]:
+    """How far each value moves when every input, parameter and tangent moves by one unit
+    roundoff of its dtype (float64 runs): the error an exactly rounded evaluation in that dtype
+    can carry, large where a value is ill-conditioned (a sum that cancels, sin of a large sum).
+    Estimated where the response is linear: a 16x smaller move must move the value ~16x less;
+    where it does not (a max tie, a comparison flipping), no estimate is made."""
+    def run(scale: float) -> RunResult:
+        args = [_clone(x, torch.float64) if not _perturbable(x)
+                else _perturbed(_clone(x, torch.float64), x.dtype, scale, i).requires_grad_(
+                    x.requires_grad) for i, x in enumerate(make())]
+        return _run(_copy(fn), None, args, seed, cast=torch.float64,
+                    tangent_dtypes=tangent_dtypes, perturb=scale)
+    out: dict[str, float] = {}
+    refs = dict(_values(ref))
+    # Two patterns: every value up (a sum's own rounding) and random signs (a cancellation).
+    for pattern in (1.0, -1.0):
+        try:
+            big, small = run(pattern), run(pattern / 16)
+        except Exception:  # eager cannot run the moved inputs (e.g. out of domain): no estimate
+            continue
+        for (what, b), (_, s) in zip(_values(big), _values(small)):
+            r = refs.get(what)
+            if not all(torch.is_tensor(t) and t.is_floating_point() for t in (b, s, r)) \
+                    or not (b.shape == s.shape == r.shape):
+                continue
+            mask = torch.isfinite(b) & torch.isfinite(s) & torch.isfinite(r)
+            if not bool(mask.any()):
+                continue
+            e_big, e_small = rel_err(b, r, mask), rel_err(s, r, mask)
+            if e_small > 0 and 8 <= e_big / e_small <= 32:
+                out[what] = max(out.get(what, 0.0), e_big)
+    return out
+
+
+def _perturbable(x: Any) -> bool:
+    return torch.is_tensor(x) and x.is_floating_point() and x.dtype != torch.float64
+
+
+def _perturbed(x: torch.Tensor, dtype: torch.dtype, scale: float, salt: int) -> torch.Tensor:
+    """x * (1 + scale * u(dtype)), u the unit roundoff, over its storage (expanded inputs stay
+    expanded); a negative scale draws a sign per element from a fixed generator (the same
+    signs at every scale), a positive one moves every element up."""
+    if dtype == torch.float64 or not x.is_floating_point():
+        return x
+    u = torch.finfo(dtype).eps / 2
+    n = x.untyped_storage().nbytes() // x.element_size()
+    flat = torch.empty(0, dtype=x.dtype, device=x.device)
+    flat.set_(x.untyped_storage(), 0, (n,), (1,))
+    signs = torch.ones(n, dtype=x.dtype)
+    if scale < 0:
+        g = torch.Generator().manual_seed(salt)
+        signs = torch.randint(0, 2, (n,), generator=g).to(x.dtype).mul_(2).sub_(1)
+    moved = flat.detach() * (1 + abs(scale) * u * signs.to(x.device))
+    return moved.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
 def _tangents(outs: list, seed: int, dtypes: list) -> list:
@@ -118,7 +189,7 @@ _F32_TO_F64 = 2.0 ** -29
 
 
 def _compare_runs(comp: RunResult, eager: RunResult, ref: RunResult,
-                  low: Optional[RunResult]) -> list[Mismatch]:
+                  low: Optional[RunResult], cond: Optional[dict] = None) -> list[Mismatch]:
     if len(comp.outputs) != len(eager.outputs):
         return [Mismatch("outputs", f"compiled gave {len(comp.outputs)}, eager "
                                     f"{len(eager.outputs)}")]
@@ -132,6 +203,7 @@ def _compare_runs(comp: RunResult, eager: RunResult, ref: RunResult,
            for i, (c, e) in enumerate(zip(comp.requires_grad, eager.requires_grad)) if c != e]
     for (what, c), (_, e), (_, r) in zip(_values(comp), _values(eager), _values(ref)):
         hint = _low_precision_err(low_vals.get(what), r)
+        hint = max(hint or 0.0, (cond or {}).get(what, 0.0)) or None
         out.append(compare(what, c, e, r, eager_err=hint))
     return [m for m in out if m]
 
