@@ -16,7 +16,10 @@ import torch.fx as fx
 from trainc.codegen import functional, ir
 from trainc.codegen.ir import TensorValue
 
-INLINE_LIMIT = 6  # a value with several users is recomputed in each if at most this many ops
+# A value with several users is recomputed in each when its ops cost at most this much
+# (ir.compute_cost: 1 per arithmetic op, 5 per transcendental; casts and loads are free): a
+# one-hot scaled by a row's weight (cross_entropy's backward) is recomputed, not stored.
+INLINE_LIMIT = 8
 EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materialized
 
 
@@ -284,7 +287,8 @@ class GraphLowering:
         if not isinstance(v, TensorValue) or v.view is not None:
             return
         n = ir.size_of(EXPR_LIMIT, v(ir.symbols("t", v.shape)))
-        if n > EXPR_LIMIT or (len(node.users) > 1 and n > INLINE_LIMIT) or _crosses(node):
+        if n > EXPR_LIMIT or _crosses(node) or \
+                (len(node.users) > 1 and ir.compute_cost(v(ir.symbols("t", v.shape))) > INLINE_LIMIT):
             self.env[node] = self.realize(v)
 
     def _output(self, a) -> Any:

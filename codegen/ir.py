@@ -172,6 +172,17 @@ lshift rshift where cast philox_uniform
 """.split())
 
 
+TRANSCENDENTAL = frozenset("""
+pow exp exp2 expm1 log log2 log1p sin cos tan tanh sigmoid erf erfc atan asin acos sinh cosh
+""".split())
+
+
+def compute_cost(e: Expr) -> int:
+    """What recomputing e costs per element: 1 per arithmetic op, 5 per transcendental."""
+    return sum(5 if x.name in TRANSCENDENTAL else 0 if x.name == "cast" else 1
+               for x in walk(e) if isinstance(x, Op))
+
+
 def op(name: str, dtype: torch.dtype, *args: Expr) -> Op:
     assert name in OPS, name
     if name in _COMMUTATIVE and _rank(args[0]) > _rank(args[1]):

@@ -17,6 +17,12 @@ from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph
 from trainc.codegen import KernelInfo
 
 SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
+# A node joins a kernel at most this many program steps after the kernel's latest node, unless
+# its result is small or takes over a buffer in place: joining computes the result early, so
+# its buffer would stay alive across everything in between (in a whole training step, a
+# backward value fused into a forward kernel lives from the forward to the backward).
+JOIN_WINDOW = 16
+SMALL_RESULT = 1 << 16  # bytes
 
 
 @dataclass
@@ -88,8 +94,11 @@ class _Builder:
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
         self.layouts: dict[str, Buffer] = {}  # reshaped nodes' buffers as kernels index them
         self.hinted = set(g.reuse) | set(g.reuse.values())
+        self.step = 0  # program position of the step being added
+        self.last: dict[int, int] = {}  # kernel item -> position of its latest node
 
     def add_call(self, c: CallNode) -> None:
+        self.step += 1
         bufs = set(_call_buffers(c))
         self._new_item(c, bufs, c.outputs)
 
@@ -104,6 +113,7 @@ class _Builder:
         return k
 
     def add_node(self, n: ComputeNode) -> None:
+        self.step += 1
         loads = reads(n)
         bufs = {l.buf for l in loads}
         best, best_score = None, 0
@@ -129,11 +139,12 @@ class _Builder:
             if n.kind == "reduction":
                 kern.outer = n.shape
             kern.nodes.append(n)
-            self._new_item(kern, bufs, [n.name])
+            self.last[self._new_item(kern, bufs, [n.name])] = self.step
             return
         kern = self.items[best]
         if n.name in self.layouts:
             kern.layouts[n.name] = self.layouts[n.name]
+        self.last[best] = self.step
         self._join(kern, n)
         self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
         self.reads[best] |= bufs
@@ -155,7 +166,10 @@ class _Builder:
         """(n, None) when n may join kernel k, (n viewed in another shape, its buffer's layout
         there) when it may join so reshaped, else None."""
         kern = self.items[k]
-        if kern.nodes and kern.nodes[0].region != n.region:
+        if kern.nodes and kern.nodes[0].region != n.region and not self._updates_input(n):
+            return None
+        if self.step - self.last[k] > JOIN_WINDOW and n.name not in self.g.reuse \
+                and self.g.buffers[n.name].nbytes > SMALL_RESULT:
             return None
         fit: Optional[tuple] = (n, None)
         outer = _join_outer(kern, n)
@@ -172,6 +186,13 @@ class _Builder:
             if p is not None and p != k and self._reaches(p, k):
                 return None  # n needs something that itself needs this kernel: a cycle
         return fit if _reads_ok(kern, fit[0], outer, self.g) else None
+
+    def _updates_input(self, n: ComputeNode) -> bool:
+        """n writes a graph input in place (an optimizer update of a parameter or its state):
+        run early, it keeps nothing alive and frees the gradient it reads, so it may join a
+        kernel of an earlier region."""
+        target = self.g.reuse.get(n.name)
+        return target is not None and self.g.buffers[target].kind == "input"
 
     def _reshapeable(self, n: ComputeNode) -> bool:
         """In-place hints pair buffers of equal shapes: a reshaped one would lose its pair."""

@@ -116,6 +116,39 @@ def scatter_add(ctx, node, x, dim, index, src):
                        lambda v: cast(src(v), dt), where, "add")
 
 
+def _scatter_one(node, x, dim, index, value):
+    """scatter with one index per row along `dim` (a one-hot, cross_entropy's backward): a
+    pointwise select, out[q] = value(q') where index[q'] == q[dim] (q' = q at 0 along dim,
+    inside index's extent), else x[q]. Several indices per row run in ATen (write order)."""
+    if not x.shape or index.shape[dim] != 1:
+        return NotImplemented
+    out = node.meta["val"]
+    dt = out.dtype
+
+    def fn(q):
+        qi = list(q)
+        qi[dim] = sympy.Integer(0)
+        hit = ir.op("eq", torch.bool, cast(index(qi), I64), IndexValue(q[dim]))
+        for d, (n_i, n_x) in enumerate(zip(index.shape, x.shape)):
+            if d != dim and n_i < n_x:
+                hit = ir.op("and", torch.bool, hit,
+                            ir.op("lt", torch.bool, IndexValue(q[d]), Const(n_i, I64)))
+        return ir.op("where", dt, hit, cast(value(qi), dt), cast(x(q), dt))
+    return TensorValue(tuple(out.shape), dt, fn)
+
+
+@register(aten.scatter.value)
+def scatter_value(ctx, node, x, dim, index, value):
+    dim = norm_dim(dim, len(x.shape))
+    return _scatter_one(node, x, dim, index, lambda qi: const(value, node.meta["val"].dtype))
+
+
+@register(aten.scatter.src)
+def scatter_src(ctx, node, x, dim, index, src):
+    dim = norm_dim(dim, len(x.shape))
+    return _scatter_one(node, x, dim, index, src)
+
+
 def _pool_args(x, kernel, stride, padding, dilation, ceil_mode):
     kernel = list(kernel) * (2 // len(kernel))
     stride = (list(stride) * (2 // len(stride))) if stride else kernel

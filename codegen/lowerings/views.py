@@ -213,6 +213,44 @@ def constant_pad_nd(ctx, node, x, pad, value=0):
     return TensorValue(tuple(out.shape), out.dtype, fn)
 
 
+@register(aten.slice_scatter.default)
+def slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
+    """base with src written over base[start:end:step] along dim (the backward of a slice)."""
+    dim = norm_dim(dim, len(base.shape))
+    start, step, length = _clamp_start(start, base.shape[dim]), int(step), src.shape[dim]
+    if length == 0:
+        return base
+    dt = node.meta["val"].dtype
+
+    def fn(idx):
+        k = sympy.Max(idx[dim] - start, 0)  # the src position, where idx is in the slice
+        at = list(idx)
+        at[dim] = sympy.Min(ir.FloorDiv(k, step), length - 1)
+        i = IndexValue(idx[dim])
+        hit = ir.op("and", torch.bool, ir.op("ge", torch.bool, i, Const(start, torch.int64)),
+                    ir.op("lt", torch.bool, i, Const(start + (length - 1) * step + 1,
+                                                      torch.int64)))
+        if step > 1:
+            hit = ir.op("and", torch.bool, hit, ir.op("eq", torch.bool, IndexValue(
+                ir.ModIndex(k, step)), Const(0, torch.int64)))
+        return ir.op("where", dt, hit, cast(src(at), dt), cast(base(idx), dt))
+    return TensorValue(tuple(base.shape), dt, fn)
+
+
+@register(aten.select_scatter.default)
+def select_scatter(ctx, node, base, src, dim, index):
+    """base with src written over base.select(dim, index) (the backward of a select)."""
+    dim = norm_dim(dim, len(base.shape))
+    index = int(index) + (base.shape[dim] if int(index) < 0 else 0)
+    dt = node.meta["val"].dtype
+
+    def fn(idx):
+        hit = ir.op("eq", torch.bool, IndexValue(idx[dim]), Const(index, torch.int64))
+        return ir.op("where", dt, hit, cast(src(list(idx[:dim]) + list(idx[dim + 1:])), dt),
+                     cast(base(idx), dt))
+    return TensorValue(tuple(base.shape), dt, fn)
+
+
 @register(aten.flip.default)
 def flip(ctx, node, x, dims):
     dims = {norm_dim(d, len(x.shape)) for d in dims}

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from cpp_helpers import assert_same, check, compile_cpp
+from shared_programs import scatters
 from trainc import rng
 
 
@@ -133,6 +134,12 @@ def test_indirect_indexing():
     unique = idx.view(-1).unique()
     assert_same(outs[-1][unique].abs().sum(1) > 0, refs[-1][unique].abs().sum(1) > 0)
     assert not c.fallback_ops
+
+
+def test_scatter_with_one_index_per_row_and_slice_select_scatter():
+    x, s = _special(5, 7), torch.randn(5, 7)
+    i = torch.tensor([[2], [0], [4], [4], [1]])
+    check(scatters, x, i, s, torch.randn(5, 1))
 
 
 def test_max_pool_and_backward():

@@ -46,3 +46,25 @@ def test_multi_use_value_is_materialized_once():
     names = [k.nodes for k in c.kernels]
     assert sum(len(n) for n in names) >= 2
     assert len(c.kernels) <= 2
+
+
+def test_cheap_multi_use_value_is_recomputed_not_stored():
+    def f(x, i, w):
+        # cross_entropy's backward: a one-hot scaled per row, read by a row sum and a pointwise
+        onehot = torch.zeros_like(x).scatter_(1, i, -1.0) * w
+        return onehot - torch.softmax(x, 1) * onehot.sum(1, keepdim=True)
+    c = check(f, torch.randn(16, 300), torch.randint(0, 300, (16, 1)), torch.rand(16, 1),
+              atol=1e-5)
+    written = sum(k.bytes_written for k in c.kernels)
+    assert written < 2 * 16 * 300 * 4  # the output alone: the one-hot is never stored
+
+
+def test_late_node_does_not_join_an_early_kernel():
+    def f(x, w):
+        a = x.exp()
+        h = a
+        for _ in range(20):  # twenty program steps (externs) between the two uses of x
+            h = h @ w
+        return h, x.sin() * 2  # joining `a`'s kernel would keep this result alive all along
+    c = check(f, torch.randn(128, 256), torch.randn(256, 256) / 16, rtol=1e-4, atol=1e-4)
+    assert len(c.kernels) == 2  # exp (realized for the first mm) and sin * 2, apart

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from shared_programs import scatters
 from triton_helpers import DEVICE, assert_same, check, compile_triton
 from trainc import decomps, rng
 from trainc.codegen import is_extern
@@ -89,6 +90,11 @@ def test_indirect_indexing_and_embedding_backward():
     idx = torch.randint(0, 10, (3, 7))
     idx[0, :3] = 4  # duplicates: the scatter must accumulate every one
     check(f, torch.randn(10, 4), idx, torch.randn(3, 7, 4), torch.randn(3, 10), atol=1e-5)
+
+
+def test_one_hot_scatter_and_slice_select_scatter():
+    x, s = _special(5, 7), torch.randn(5, 7)
+    check(scatters, x, torch.tensor([[2], [0], [4], [4], [1]]), s, torch.randn(5, 1), atol=1e-6)
 
 
 def test_rng_bits_match_torch_reference():
