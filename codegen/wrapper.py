@@ -9,7 +9,7 @@ Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -74,8 +74,9 @@ class Kept:
 
 class _Writer:
     def __init__(self, sched: Schedule, params: dict[str, list[str]], tensors: bool,
-                 device: Optional[torch.device]):
+                 device: Optional[torch.device], host_scalars: Sequence[str] = ()):
         self.s, self.g, self.params = sched, sched.graph, params
+        self.host_scalars = list(host_scalars)
         self.tensors, self.device = tensors, device
         self.lines: list[str] = []
         self.ns: dict = {"torch": torch, "restride": restride, "device": torch.device,
@@ -207,6 +208,7 @@ class _Writer:
             b = g.buffers[name]
             self.emit(f"if {name}.stride() != {b.stride} and {name}.numel() > 1: "
                       f"{name} = restride({name}, {b.stride})")
+        self._upload_host_scalars()
         for name, t in g.consts.items():
             self.ns[name] = t
         for k, item in enumerate(self.s.items):
@@ -218,6 +220,19 @@ class _Writer:
         outs = ", ".join(self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
+
+    def _upload_host_scalars(self) -> None:
+        """CPU scalars of a CUDA graph (optimizer step counts and hyperparameters, the RNG
+        seed) go to the device in one copy per dtype, not one per kernel launch that reads
+        them."""
+        groups: dict[torch.dtype, list[str]] = {}
+        for name in self.host_scalars:
+            groups.setdefault(self.g.buffers[name].dtype, []).append(name)
+        for k, names in enumerate(groups.values()):
+            self.emit(f"_host{k} = torch.stack([{', '.join(n + '.reshape(())' for n in names)}]"
+                      f").to(DEVICE, non_blocking=True)")
+            for j, n in enumerate(names):
+                self.emit(f"{n} = _host{k}[{j}].view({list(self.g.buffers[n].shape)})")
 
     def keep_buffers(self) -> int:
         """Rewrite the allocations whose storage never leaves the wrapper (not an output, not
@@ -318,12 +333,14 @@ def _contig(shape) -> tuple:
 
 
 def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
-                  device: Optional[torch.device] = None, keep: bool = False) -> Wrapper:
+                  device: Optional[torch.device] = None, keep: bool = False,
+                  host_scalars: Sequence[str] = ()) -> Wrapper:
     """`params`: per kernel name, the buffers it takes, in order: as data pointers (C++
     functions through ctypes) or, with `tensors`, as tensors (Triton launchers). Buffers are
     allocated on `device` (None: torch's default device); with `keep`, those that never leave
-    the wrapper once, then kept across calls (stats["kept_bytes"])."""
-    w = _Writer(sched, params, tensors, device)
+    the wrapper once, then kept across calls (stats["kept_bytes"]). `host_scalars`: one-element
+    CPU inputs of a graph whose kernels run on `device`, copied there once per call."""
+    w = _Writer(sched, params, tensors, device, host_scalars)
     w.write()
     kept = w.keep_buffers() if keep else 0
     source = "def run(args):\n" + "\n".join(w.lines) + "\n"

@@ -24,6 +24,10 @@ class Rule:
     init: Callable[[dict, Tensor], dict]  # fresh state for one parameter
     update: Callable  # (params, grads, states, hyper: dict[str, Tensor], flags, fresh) -> None
     fresh_matters: bool  # the first update of a parameter differs (SGD's momentum buffer)
+    # state counters the runtime advances on the host after each update (Adam's step, a CPU
+    # scalar): the graph reads them, +1, and never writes them, so a CUDA step never copies
+    # a result back to the CPU (a synchronization per parameter)
+    host_counters: tuple[str, ...] = ()
 
 
 def _sgd_state(group: dict) -> tuple[str, ...]:
@@ -77,7 +81,7 @@ def _adam_update(params, grads, states, h, flags, fresh) -> None:
     has_wd, amsgrad, maximize, decoupled = flags
     for p, g, st in zip(params, grads, states):
         g = -g if maximize else g
-        st["step"].add_(1)
+        step = st["step"] + 1  # st["step"] itself is advanced on the host (Rule.host_counters)
         if has_wd and decoupled:
             p.mul_(1 - h["lr"] * h["weight_decay"])
         elif has_wd:
@@ -85,7 +89,7 @@ def _adam_update(params, grads, states, h, flags, fresh) -> None:
         st["exp_avg"].lerp_(g, (1 - h["beta1"]).to(g.dtype))
         st["exp_avg_sq"].mul_(h["beta2"]).add_(g * g * (1 - h["beta2"]))
         # Bias corrections in float64 on the CPU scalar, as torch.optim does them in Python.
-        step = st["step"].to(torch.float64)
+        step = step.to(torch.float64)
         step_size = h["lr"] / (1 - h["beta1"] ** step)
         bc2_sqrt = (1 - h["beta2"] ** step).sqrt()
         second = st["exp_avg_sq"]
@@ -99,7 +103,7 @@ def _adam_update(params, grads, states, h, flags, fresh) -> None:
 _SGD = Rule(("lr", "momentum", "dampening", "weight_decay"), _sgd_state, _sgd_flags, _sgd_init,
             _sgd_update, fresh_matters=True)
 _ADAM = Rule(("lr", "beta1", "beta2", "eps", "weight_decay"), _adam_state, _adam_flags,
-             _adam_init, _adam_update, fresh_matters=False)
+             _adam_init, _adam_update, fresh_matters=False, host_counters=("step",))
 
 RULES: dict[type, Rule] = {torch.optim.SGD: _SGD, torch.optim.Adam: _ADAM,
                            torch.optim.AdamW: _ADAM}

@@ -3,6 +3,7 @@ Triton module + the shared Python wrapper (kernels take tensors; buffers on the 
 CPU tensors work under TRITON_INTERPRET=1 (tests)."""
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Optional, Sequence
@@ -41,7 +42,8 @@ class TritonBackend:
         sched = schedule(lower(gm, LOWERINGS, is_extern))
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
-        plan_storage(sched, _foreign(sched, example_inputs, device))
+        foreign = _foreign(sched, example_inputs, device)
+        plan_storage(sched, foreign)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
         module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)
@@ -56,8 +58,10 @@ class TritonBackend:
             if device.type == "cuda" and not interpret:
                 precompiled = precompile(list(vars(funcs).values()),
                                          self.config.triton_compile_workers)
+        host = [b for b in sched.graph.inputs if b in foreign and device.type == "cuda"
+                and math.prod(sched.graph.buffers[b].shape) == 1]
         wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
-                                device=device)
+                                device=device, host_scalars=host)
         fallbacks = sorted({str(c.target) for c in sched.items
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "

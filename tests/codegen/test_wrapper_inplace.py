@@ -126,9 +126,10 @@ def test_plan_refuses_a_reader_scheduled_after_the_writer():
 
 
 def test_plan_never_writes_a_foreign_device_input(monkeypatch):
-    """Adam's step counts are CPU scalars; in a CUDA graph kernels get copies of them, so an
-    in-place `step += 1` would be lost (H200: AdamW wrong from step 2). The plan takes such
-    inputs as targets unless they are named `foreign`."""
+    """A CPU scalar input of a CUDA graph reaches kernels as a device copy, so an in-place
+    `count += 1` into it would be lost (H200: AdamW wrong from step 2, when the step counts
+    were bumped in the graph). The plan takes such inputs as targets unless named `foreign`
+    (here BatchNorm's num_batches_tracked, a 0-d buffer bumped by the step)."""
     import trainc.codegen.cpp as cpp
     seen = []
 
@@ -139,14 +140,29 @@ def test_plan_never_writes_a_foreign_device_input(monkeypatch):
                      set(plan_storage(sched, scalars).values()) & scalars))
         return plan_storage(sched, foreign)
     monkeypatch.setattr(cpp, "plan_storage", spy)
-    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    opt = torch.optim.SGD(m.parameters(), lr=1e-2)
     torch._dynamo.reset()
     step = trainc.compile_step(m, lambda mod, x: mod(x).pow(2).mean(), opt, backend="cpp")
     step(torch.randn(3, 4))
     step(torch.randn(3, 4))
-    assert any(same for same, _ in seen), "on one device the step counts are bumped in place"
+    assert m[1].num_batches_tracked.item() == 2
+    assert any(same for same, _ in seen), "on one device the count is bumped in place"
     assert not any(other for _, other in seen)
+
+
+def test_adam_step_counts_advance_on_the_host():
+    """The whole-step graph reads Adam's CPU step counts and never writes them (a CUDA step
+    would copy each back: a synchronization per parameter); the runtime advances them."""
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    torch._dynamo.reset()
+    step = trainc.compile_step(m, lambda mod, x: mod(x).pow(2).mean(), opt, backend="cpp")
+    for _ in range(3):
+        step(torch.randn(3, 4))
+    assert [opt.state[p]["step"].item() for p in m.parameters()] == [3.0] * 4
+    assert all(opt.state[p]["step"].device.type == "cpu" for p in m.parameters())
 
 
 def _bytes(ts) -> int:

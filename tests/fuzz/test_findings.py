@@ -24,6 +24,11 @@ OPEN = {  # file: what is wrong, as far as diagnosed
     "inputs moves v11 and v6 together; the cancellation is of a rounded intermediate",
 }
 FIXED = {
+    "programs_triton_0_5_20261901": "(session 4 local nightly; a policy limit) exp(3.5 * a sum "
+    "of squares) overflows float32 to +inf, so gelu(log(inf + 1)) ** 2 is NaN in eager (CPU "
+    "float32 gelu(+inf)) and +inf in trainc (cpp and triton) where float64 is finite. Where "
+    "only eager is NaN, a non-NaN compiled value whose infinity points the reference's way "
+    "now passes",
     "programs_nodrop_cpp_None_20261224": "(a policy limit, not a codegen bug) sin(sum(2.5 x) ** "
     "3) in float32: ill-conditioned, another summation order is 8x eager's error (5e-5 vs "
     "6e-6). The measured conditioning (one unit roundoff of the inputs moves it 2.6e-5) now "

@@ -176,3 +176,24 @@ def test_fusion_across_reshapes_and_equal_part_cat():
     c = check(f, torch.randn(4, 8, 16), torch.randn(16), y, torch.randn(2, 3, 8, 8),
               torch.randn(16, 5), atol=1e-5)
     assert len(c.kernels) <= 3, [k.nodes for k in c.kernels]
+
+
+def test_host_scalars_are_uploaded_once(monkeypatch):
+    """On CUDA, one-element CPU inputs (Adam's step, hyperparameters, the RNG seed) go to the
+    device in one stacked copy per dtype at the top of the wrapper. Forced here on the CPU
+    path: the same wrapper code, the same results."""
+    import trainc.codegen.triton as T
+    real = T.write_wrapper
+
+    def forced(sched, params, **kw):
+        g = sched.graph
+        kw["host_scalars"] = [b for b in g.inputs if g.buffers[b].shape in ((), (1,))]
+        return real(sched, params, **kw)
+    monkeypatch.setattr(T, "write_wrapper", forced)
+
+    def f(x, lr, step, beta):
+        return x - lr * x / (1 - beta ** (step + 1)), (step + 1) * 2
+    args = [torch.randn(4, 6), torch.tensor(1e-3, dtype=torch.float64), torch.tensor(3.0),
+            torch.tensor([0.9], dtype=torch.float64)]
+    c = check(f, *args)
+    assert "_host0 = torch.stack(" in c.source and "_host1 = torch.stack(" in c.source

@@ -89,10 +89,12 @@ def compare(what: str, compiled, eager, ref,
 
 
 def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Mismatch]:
-    # Where eager alone says NaN and compiled has the float64 reference's value class (e.g.
-    # float32 CPU gelu(+inf): eager NaN, float64 and trainc +inf), compiled is the correct one.
+    # Where eager alone says NaN, compiled is the better float result when it is not NaN either
+    # and any infinity it has points the reference's way: float32 CPU gelu(+inf) is NaN in
+    # eager, +inf in trainc; after an intermediate overflow (exp(94) in float32) the float64
+    # reference is finite, eager NaN and trainc +inf.
     better = torch.isnan(eager) & ~torch.isnan(compiled) & ~torch.isnan(ref) & \
-        (_posinf(compiled) == _posinf(ref)) & (_neginf(compiled) == _neginf(ref))
+        (torch.isfinite(compiled) | (torch.sign(compiled) == torch.sign(ref)))
     for name, test in (("NaN", torch.isnan), ("+Inf", _posinf), ("-Inf", _neginf)):
         differ = (test(compiled) != test(eager)) & ~better
         if bool(differ.any()):
