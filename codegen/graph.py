@@ -286,9 +286,9 @@ class GraphLowering:
         v = self.env[node]
         if not isinstance(v, TensorValue) or v.view is not None:
             return
-        n = ir.size_of(EXPR_LIMIT, v(ir.symbols("t", v.shape)))
-        if n > EXPR_LIMIT or _crosses(node) or \
-                (len(node.users) > 1 and ir.compute_cost(v(ir.symbols("t", v.shape))) > INLINE_LIMIT):
+        e = v(ir.symbols("t", v.shape))
+        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or _crosses(node) or \
+                (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
             self.env[node] = self.realize(v)
 
     def _output(self, a) -> Any:

@@ -44,6 +44,9 @@ class Config:
     # backend="triton": time a few launch configs per kernel on first run and cache the winner
     # on disk (TRAINC_TRITON_AUTOTUNE=0: heuristic configs, no tuning).
     triton_autotune: bool = True
+    # ... only kernels that move at least this many bytes: below, a kernel is a few
+    # microseconds whatever its launch config, and each candidate is one more Triton compile
+    triton_tune_min_bytes: int = 16 << 20
     # backend="triton" on CUDA: threads compiling a graph's kernels concurrently at compile
     # time instead of one by one at their first launch (0 or 1: no precompile)
     triton_compile_workers: int = 8

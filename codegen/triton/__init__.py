@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from typing import Optional, Sequence
 
@@ -46,7 +47,7 @@ class TritonBackend:
         plan_storage(sched, foreign)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph) for k in kernels]
-        module_src = PRELUDE + "".join("\n\n" + s.source + "\n" for s in sources)
+        module_src = PRELUDE + _module_body(sources)
         funcs, path, precompiled = _Kernels(), "", 0
         if kernels:
             mod, path = load_module(module_src, self.config)
@@ -71,6 +72,22 @@ class TritonBackend:
                              {"triton": module_src, "module": path, "device": str(device),
                               "seconds": time.perf_counter() - t0, "precompiled": precompiled,
                               **wrapper.stats})
+
+
+def _module_body(sources: list) -> str:
+    """Each distinct kernel once; a kernel equal to an earlier one up to its name (the same
+    layer again) is an alias of it, so Triton compiles (and tunes) it once."""
+    seen: dict[str, str] = {}
+    parts = []
+    for s in sources:
+        body = re.sub(rf"\b{s.name}(?=\w*\()", "KERNEL", s.source)
+        first = seen.setdefault(body, s.name)
+        if first == s.name:
+            parts.append("\n\n" + s.source + "\n")
+            continue
+        defs = re.findall(rf"^def ({s.name}\w*)\(", s.source, flags=re.M)
+        parts.append("".join(f"\n{d} = {first}{d[len(s.name):]}" for d in defs) + "\n")
+    return "".join(parts)
 
 
 class _Kernels:

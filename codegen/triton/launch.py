@@ -156,6 +156,13 @@ class Launcher:
             end = time.perf_counter() * 1e3
         _timing.setdefault(self, []).append((start, end))
 
+    def _tunes(self) -> bool:
+        """Tuned: autotuning is on and the kernel moves enough bytes for its config to matter
+        (a kernel of unknown size is tuned)."""
+        moved = (self.info.bytes_read + self.info.bytes_written) if self.info else None
+        return self.config.triton_autotune and (
+            moved is None or moved >= self.config.triton_tune_min_bytes)
+
     def warmups(self) -> list:
         """Callables compiling this kernel for the configs its first call may launch (the
         tuned one when cached on disk, else every candidate, or the heuristic untuned)."""
@@ -166,8 +173,7 @@ class Launcher:
         if found is not None:
             configs = [LaunchConfig(**found)]
         else:
-            configs = candidates(self.ks) if self.config.triton_autotune else \
-                [heuristic(self.ks)]
+            configs = candidates(self.ks) if self._tunes() else [heuristic(self.ks)]
         fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn, self.cast)
                                               if f is not None]
         dtypes = list(self.dtypes) + [s.dtype for s in self.ks.scratch]
@@ -201,7 +207,7 @@ class Launcher:
         self.fn[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
 
     def _choose(self, args) -> LaunchConfig:
-        tunable = (self.config.triton_autotune and not self.interpret and
+        tunable = (self._tunes() and not self.interpret and
                    any(isinstance(a, torch.Tensor) and a.is_cuda for a in args))
         if not tunable:
             return heuristic(self.ks)
@@ -245,7 +251,13 @@ def precompile(launchers: list, workers: int) -> int:
     latency: a graph has tens of kernels, each compiled serially at its first launch). Uses
     Triton's AsyncCompileMode when present, else plain threads. Failures are ignored: that
     kernel compiles at its first launch, as without this. Returns the compiles submitted."""
-    jobs = [j for launcher in launchers for j in launcher.warmups()]
+    jobs, seen = [], set()
+    for launcher in launchers:  # kernels that alias one function (equal layers) compile once
+        for j in launcher.warmups():
+            key = _job_key(j)
+            if key not in seen:
+                seen.add(key)
+                jobs.append(j)
     if workers <= 1 or len(jobs) <= 1:
         return 0
     try:
@@ -267,6 +279,14 @@ def precompile(launchers: list, workers: int) -> int:
     except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
         return 0
     return len(jobs)
+
+
+def _job_key(job) -> tuple:
+    """What a warmup job compiles: its JIT function, argument dtypes and meta-parameters."""
+    if not isinstance(job, functools.partial):
+        return (id(job),)
+    fn = getattr(job.func, "__self__", job.func)
+    return (id(fn), job.args, tuple(sorted(job.keywords.items())))
 
 
 def _quiet(job) -> None:

@@ -537,14 +537,19 @@ def _argmin_combine(v1, i1, v2, i2):
 
 def kernel_source(kern: Kernel, g: LoweredGraph) -> KernelSource:
     ks = KernelPrinter(kern, g).source()
-    return dataclasses.replace(ks, source=canonical_names(ks.source))
+    return dataclasses.replace(ks, source=canonical_names(ks.source, ks.params))
 
 
-def canonical_names(src: str) -> str:
-    """Rename the globally numbered index symbols by first appearance, so equal kernels print
-    equal source: module files and tuning results are found again in other processes."""
-    names: dict[str, str] = {}
+def canonical_names(src: str, params: tuple[str, ...] = ()) -> str:
+    """Rename the globally numbered index symbols by first appearance and the parameters (buffer
+    names, passed by position) by position, so equal kernels print equal source: the layers of
+    a model share one compiled kernel, and module files and tuning results are found again in
+    other processes."""
+    names: dict[str, str] = {p: f"in_{k}" for k, p in enumerate(params)}
 
     def sub(m: "re.Match") -> str:
-        return names.setdefault(m.group(0), f"q{len(names)}")
-    return re.sub(r"\b(?:o|i|s|v|ind)\d{8}\b", sub, src)
+        return names.setdefault(m.group(0), f"q{len(names) - len(params)}")
+    pattern = r"\b(?:o|i|s|v|ind)\d{8}\b"
+    if params:
+        pattern += "|" + "|".join(rf"\b{re.escape(p)}\b" for p in params)
+    return re.sub(pattern, sub, src)

@@ -197,3 +197,15 @@ def test_host_scalars_are_uploaded_once(monkeypatch):
             torch.tensor([0.9], dtype=torch.float64)]
     c = check(f, *args)
     assert "_host0 = torch.stack(" in c.source and "_host1 = torch.stack(" in c.source
+
+
+def test_equal_kernels_compile_once():
+    """Two layers of the same shape print the same kernel up to its name and its buffers:
+    the module defines it once and aliases the second (Triton compiles and tunes it once)."""
+    def f(x, w1, w2):
+        h = F.gelu(F.layer_norm(x @ w1, (16,)))
+        return F.gelu(F.layer_norm(h @ w2, (16,)))
+    c = check(f, torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16), atol=1e-5)
+    src = c.extra["triton"]
+    assert len(c.kernels) == 2
+    assert src.count("@triton.jit\ndef kernel") == 1 and "\nkernel1 = kernel0\n" in src
