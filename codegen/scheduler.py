@@ -292,11 +292,15 @@ def within_outer(index, osyms, stride, shape) -> Optional[sympy.Expr]:
     return h
 
 
-def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Schedule:
+def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1,
+             register_row: int = 0) -> Schedule:
     """`scratch_bytes`: the most bytes per outer iteration a kernel-internal buffer may take to
     live in per-thread scratch instead of memory (0: never; backends opt in). `min_inner`: a
     pointwise-only kernel moves trailing dims into its inner loops until they hold this many
-    elements (long vector loops for backends that can flatten them)."""
+    elements (long vector loops for backends that can flatten them). `register_row`: a kernel
+    whose rows (padded to a power of two) hold at most this many elements keeps a whole row in
+    registers (Triton's persistent tiles): a value a later loop reads only at the position it
+    was computed at never reaches memory (0: never)."""
     b = _Builder(g)
     for step in g.steps:
         if isinstance(step, CallNode):
@@ -308,7 +312,7 @@ def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1) -> Sch
     outside = _outside_reads(b, g)
     for k in order:
         if isinstance(b.items[k], Kernel):
-            plan(b.items[k], g, outside.get(k, set()), scratch_bytes, min_inner)
+            plan(b.items[k], g, outside.get(k, set()), scratch_bytes, min_inner, register_row)
     return Schedule(items, g)
 
 
@@ -328,7 +332,7 @@ def _outside_reads(b: _Builder, g: LoweredGraph) -> dict[int, set[str]]:
 
 
 def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
-         scratch_bytes: int = 0, min_inner: int = 1) -> None:
+         scratch_bytes: int = 0, min_inner: int = 1, register_row: int = 0) -> None:
     """Split the kernel's nodes into loops, find kernel-local buffers, count bytes."""
     if kern.outer is None:
         shape = kern.nodes[0].shape
@@ -352,7 +356,8 @@ def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
             continue
         if n.kind == "reduction" or users.get(n.name, set()) <= {loop_of[n.name]}:
             kern.local.add(n.name)
-        elif _scratch_ok(kern, n, g, scratch_bytes):
+        elif _scratch_ok(kern, n, g, scratch_bytes) or \
+                _register_ok(kern, n, g, loop_of, register_row):
             kern.local.add(n.name)
             kern.scratch.add(n.name)
     produced = {n.name for n in kern.nodes}
@@ -382,6 +387,29 @@ def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bo
         for l in ir.loads(e):
             if l.buf == n.name and within_outer(l.index, osyms, b.stride, b.shape) is None:
                 return False
+    return True
+
+
+def _register_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, loop_of: dict,
+                 register_row: int) -> bool:
+    """A row of every loop fits `register_row` (one tile holds it) and each later loop reading
+    n runs over n's inner space and reads n only at the position n was computed at."""
+    if not register_row or n.kind != "pointwise" or not kern.outer:
+        return False
+    widest = max(ir_numel(lp.inner) for lp in kern.loops)
+    if 1 << max(widest - 1, 0).bit_length() > register_row:
+        return False
+    home = kern.loops[loop_of[n.name]]
+    osyms = ir.symbols("o", kern.outer)
+    isyms = ir.symbols("i", home.inner)
+    here = ir.linear(osyms + isyms, kern.layout(n.name, g).stride)
+    for lp in kern.loops:
+        for m in lp.steps:
+            e = (m.fn(osyms + isyms) if m.kind == "pointwise" else m.fn(osyms, isyms)) \
+                if lp.inner == home.inner else None
+            for l in reads(m) if e is None else ir.loads(e):
+                if l.buf == n.name and (e is None or l.index - here != 0):
+                    return False
     return True
 
 

@@ -18,7 +18,7 @@ from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.storage import plan_storage
 from trainc.codegen.triton.launch import Launcher, load_module, precompile
-from trainc.codegen.triton.printer import PRELUDE, kernel_source
+from trainc.codegen.triton.printer import PERSISTENT_LIMIT, PRELUDE, kernel_source
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
@@ -40,7 +40,7 @@ class TritonBackend:
         if device.type != "cuda" and not interpret:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
-        sched = schedule(lower(gm, LOWERINGS, is_extern))
+        sched = schedule(lower(gm, LOWERINGS, is_extern), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
         foreign = _foreign(sched, example_inputs, device)

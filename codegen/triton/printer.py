@@ -229,7 +229,11 @@ class KernelPrinter:
                 self.values[n.name] = v
             else:
                 self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
-        self.values = saved
+        # values the scheduler keeps in registers (scratch: a later loop reads them at the
+        # position they were computed at) stay visible to the next loops of a persistent tile
+        kept = {n.name: self.values[n.name] for n in lp.steps if n.name in self.k.scratch}
+        assert persistent or not kept, "trainc triton: register-kept values need a persistent tile"
+        self.values = {**saved, **kept}
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
 

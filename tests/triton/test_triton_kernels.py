@@ -209,3 +209,14 @@ def test_equal_kernels_compile_once():
     src = c.extra["triton"]
     assert len(c.kernels) == 2
     assert src.count("@triton.jit\ndef kernel") == 1 and "\nkernel1 = kernel0\n" in src
+
+
+def test_row_values_stay_in_registers_across_loops():
+    """A persistent tile holds whole rows: y, read again by the loop after the softmax's
+    reductions at the position it was computed at, is kept in registers, not stored."""
+    def f(x):
+        y = F.gelu(x) + x
+        return torch.softmax(y * 0.5, dim=-1) * y
+    c = check(f, torch.randn(8, 48), atol=1e-5)
+    assert len(c.kernels) == 1
+    assert c.kernels[0].bytes_written == 8 * 48 * 4  # the output only
