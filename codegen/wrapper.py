@@ -87,6 +87,8 @@ class _Writer:
         self.claimed = set(self.storage.values())
         self.drop: list[str] = []  # overwritten targets whose names die after this item
         self.live = self.peak = self.fresh = 0
+        self.live_set: dict[str, int] = {}  # allocated buffer -> bytes (pooled ones included)
+        self.at_peak: list[str] = []  # the live buffers when the planned peak was reached
         self.last = self._last_uses()
         self.keep = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
         # A fallback op may return a view of its input: such buffers are freed, never reused.
@@ -153,13 +155,14 @@ class _Writer:
         if key[2] and self.pool.get(key):
             old = self.pool[key].pop()
             self.root[name] = self.root.get(old, old)
+            self.live_set[name] = self.live_set.pop(old, b.nbytes)
             self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
         else:
             self.alloc_line[name] = len(self.lines)
             dev = "" if self.device is None else "device=DEVICE, "
             self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
                       f"{dev}dtype={b.dtype})")
-            self._grow(b.nbytes)
+            self._grow(b.nbytes, name)
         self.ours.add(name)
 
     def _take(self, name: str) -> None:
@@ -171,10 +174,13 @@ class _Writer:
             self.ours.add(name)
         self.drop.append(target)
 
-    def _grow(self, nbytes: int) -> None:
+    def _grow(self, nbytes: int, name: str) -> None:
         self.fresh += nbytes
         self.live += nbytes
-        self.peak = max(self.peak, self.live)
+        self.live_set[name] = nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+            self.at_peak = list(self.live_set)
 
     def free(self, k: int, item) -> None:
         dead = sorted({b for b in self._reads(item) if self.last.get(b) == k} - self.keep
@@ -190,6 +196,7 @@ class _Writer:
                 self.emit(f"del {b}")
                 if buf.kind in ("compute", "call") and not self._overwrote(b):
                     self.live -= buf.nbytes
+                    self.live_set.pop(b, None)
         for t in self.drop:
             self.emit(f"del {t}")
         self.drop = []
@@ -233,6 +240,17 @@ class _Writer:
                       f").to(DEVICE, non_blocking=True)")
             for j, n in enumerate(names):
                 self.emit(f"{n} = _host{k}[{j}].view({list(self.g.buffers[n].shape)})")
+
+    def peak_live(self, top: int = 12) -> list[tuple]:
+        """The largest buffers live at the planned peak: (name, shape, dtype, bytes, graph
+        nodes that made it), for the debug dump and explain()."""
+        made = {n.name: n.origins for it in self.s.items if isinstance(it, Kernel)
+                for n in it.nodes}
+        made.update({o: (c.origin,) for c in self.s.items if isinstance(c, CallNode)
+                     for o in c.outputs if o is not None})
+        rows = sorted(((self.g.buffers[n].nbytes, n) for n in self.at_peak), reverse=True)
+        return [(n, tuple(self.g.buffers[n].shape), str(self.g.buffers[n].dtype), nb,
+                 tuple(made.get(n, ()))) for nb, n in rows[:top]]
 
     def keep_buffers(self) -> int:
         """Rewrite the allocations whose storage never leaves the wrapper (not an output, not
@@ -285,7 +303,7 @@ class _Writer:
         self.ns[op] = c.target
         for o in c.outputs:
             if o is not None:
-                self._grow(self.g.buffers[o].nbytes)
+                self._grow(self.g.buffers[o].nbytes, o)
         names = [o or "_" for o in c.outputs]
         single = not isinstance(_result_kind(c), tuple)
         lhs = names[0] if single else ", ".join(names) + ","
@@ -332,6 +350,16 @@ def _contig(shape) -> tuple:
     return contiguous_strides(shape)
 
 
+def _peak_comment(stats: dict) -> str:
+    """The planned peak and the largest buffers live there, as a comment atop the wrapper."""
+    lines = [f"# planned peak {stats['peak_bytes'] / 2**20:.3f} MiB of buffers this wrapper "
+             f"allocates; the largest live there:"]
+    lines += [f"#   {name:10s} {str(list(shape)):24s} {dtype:15s} {nb / 2**20:9.3f} MiB  "
+              f"{', '.join(origins)[:60]}" for name, shape, dtype, nb, origins in
+              stats["peak_live"]]
+    return "\n".join(lines) + "\n"
+
+
 def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
                   device: Optional[torch.device] = None, keep: bool = False,
                   host_scalars: Sequence[str] = ()) -> Wrapper:
@@ -343,7 +371,7 @@ def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: boo
     w = _Writer(sched, params, tensors, device, host_scalars)
     w.write()
     kept = w.keep_buffers() if keep else 0
-    source = "def run(args):\n" + "\n".join(w.lines) + "\n"
     stats = {"fresh_bytes": w.fresh - kept, "peak_bytes": w.peak, "inplace": len(w.storage),
-             "kept_bytes": kept}
+             "kept_bytes": kept, "peak_live": w.peak_live()}
+    source = _peak_comment(stats) + "def run(args):\n" + "\n".join(w.lines) + "\n"
     return Wrapper(source, w.ns, stats)

@@ -201,3 +201,18 @@ def test_compile_step_keeps_params_and_state_in_place(opt_name):
     assert graph.extra["inplace"] >= len(params) + len(state)
     # one step allocates the gradients and activations, never new params or state
     assert graph.extra["fresh_bytes"] < _bytes(params + state), graph.extra["fresh_bytes"]
+
+
+def test_wrapper_reports_what_is_live_at_its_planned_peak():
+    """The wrapper's planned peak and its largest live buffers (with the graph nodes that made
+    them) are in the compiled graph's stats and atop the dumped wrapper source."""
+    from cpp_helpers import compile_cpp
+
+    def f(x, w):
+        h = (x @ w).relu()  # [64, 512]: the biggest intermediate
+        return (h @ w.T).sum(0)
+    c = compile_cpp(f, torch.randn(64, 32), torch.randn(32, 512))
+    live = c.extra["peak_live"]
+    assert live and live[0][1] == (64, 512) and live[0][3] == 64 * 512 * 4
+    assert c.extra["peak_bytes"] >= sum(row[3] for row in live)
+    assert c.source.startswith("# planned peak ")
