@@ -392,12 +392,11 @@ def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bo
 
 def _register_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, loop_of: dict,
                  register_row: int) -> bool:
-    """A row of every loop fits `register_row` (one tile holds it) and each later loop reading
-    n runs over n's inner space and reads n only at the position n was computed at."""
+    """A row of every loop fits `register_row` (a power of two: one tile holds the row) and
+    each loop reading n runs over n's inner space and reads n only where n was computed."""
     if not register_row or n.kind != "pointwise" or not kern.outer:
         return False
-    widest = max(ir_numel(lp.inner) for lp in kern.loops)
-    if 1 << max(widest - 1, 0).bit_length() > register_row:
+    if max(ir_numel(lp.inner) for lp in kern.loops) > register_row:
         return False
     home = kern.loops[loop_of[n.name]]
     osyms = ir.symbols("o", kern.outer)
@@ -405,11 +404,13 @@ def _register_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, loop_of: dict,
     here = ir.linear(osyms + isyms, kern.layout(n.name, g).stride)
     for lp in kern.loops:
         for m in lp.steps:
-            e = (m.fn(osyms + isyms) if m.kind == "pointwise" else m.fn(osyms, isyms)) \
-                if lp.inner == home.inner else None
-            for l in reads(m) if e is None else ir.loads(e):
-                if l.buf == n.name and (e is None or l.index - here != 0):
+            if lp.inner != home.inner:
+                if any(l.buf == n.name for l in reads(m)):
                     return False
+                continue
+            e = m.fn(osyms + isyms) if m.kind == "pointwise" else m.fn(osyms, isyms)
+            if any(l.buf == n.name and l.index - here != 0 for l in ir.loads(e)):
+                return False
     return True
 
 

@@ -159,9 +159,14 @@ def test_adam_step_counts_advance_on_the_host():
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     torch._dynamo.reset()
     step = trainc.compile_step(m, lambda mod, x: mod(x).pow(2).mean(), opt, backend="cpp")
+    x = torch.randn(3, 4)
     for _ in range(3):
-        step(torch.randn(3, 4))
+        step(x)
     assert [opt.state[p]["step"].item() for p in m.parameters()] == [3.0] * 4
+    comp = list(step.cache.values())[-1]
+    flat = step._flat_inputs(comp.layout, (x,))
+    steps = {id(opt.state[p]["step"]) for p in m.parameters()}
+    assert not any(id(flat[i]) in steps for i in comp.signature.mutated_inputs)
     assert all(opt.state[p]["step"].device.type == "cpu" for p in m.parameters())
 
 

@@ -155,12 +155,11 @@ def _perturbed(x: torch.Tensor, dtype: torch.dtype, scale: float, salt: int) -> 
     """x * (1 + scale * u(dtype)), u the unit roundoff, over its storage (expanded inputs stay
     expanded); a negative scale draws a sign per element from a fixed generator (the same
     signs at every scale), a positive one moves every element up."""
-    if dtype == torch.float64 or not x.is_floating_point():
+    if dtype == torch.float64 or not x.is_floating_point() or x.layout != torch.strided:
         return x
     u = torch.finfo(dtype).eps / 2
-    n = x.untyped_storage().nbytes() // x.element_size()
-    flat = torch.empty(0, dtype=x.dtype, device=x.device)
-    flat.set_(x.untyped_storage(), 0, (n,), (1,))
+    flat = _storage_of(x)
+    n = flat.numel()
     signs = torch.ones(n, dtype=x.dtype)
     if scale < 0:
         g = torch.Generator().manual_seed(salt)
@@ -235,11 +234,16 @@ def _clone(x: Any, dtype: Optional[torch.dtype] = None) -> Any:
     dtype = dtype if dtype is not None and x.is_floating_point() else x.dtype
     if x.layout != torch.strided:  # sparse: no storage to share
         return x.detach().clone().to(dtype).requires_grad_(x.requires_grad)
+    y = _storage_of(x).detach().clone().to(dtype).as_strided(x.shape, x.stride(),
+                                                               x.storage_offset())
+    return y.requires_grad_(x.requires_grad)
+
+
+def _storage_of(x: torch.Tensor) -> torch.Tensor:
+    """All of x's storage as a flat tensor of x's dtype (a view: no copy)."""
     n = x.untyped_storage().nbytes() // x.element_size()
     flat = torch.empty(0, dtype=x.dtype, device=x.device)
-    flat.set_(x.untyped_storage(), 0, (n,), (1,))
-    y = flat.detach().clone().to(dtype).as_strided(x.shape, x.stride(), x.storage_offset())
-    return y.requires_grad_(x.requires_grad)
+    return flat.set_(x.untyped_storage(), 0, (n,), (1,))
 
 
 def _state(obj: Any) -> dict:
