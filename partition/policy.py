@@ -22,6 +22,7 @@ DEFAULT_EXPENSIVE = frozenset({
     "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution",
     "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
     "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
 })
 
 VIEW_OPS = frozenset({

@@ -58,6 +58,11 @@ class Explanation:
         return sum(s.reinplaced for g in self.graphs for _, s in g.passes)
 
     @property
+    def attention_rewrites(self) -> int:
+        """Explicit softmax attentions traced as scaled_dot_product_attention."""
+        return sum(g.attention_rewrites for g in self.graphs)
+
+    @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
 
@@ -76,6 +81,9 @@ class Explanation:
                  f"in {len(self.saved_tensors)} tensors, recompute {self.recompute_flops / 1e6:.1f}"
                  f" MFLOP, {len(self.kernels)} kernels, {len(self.fallback_ops)} fallback ops, "
                  f"compile {self.compile_seconds:.2f} s\n")
+        if self.attention_rewrites:
+            text += (f"attention: {self.attention_rewrites} explicit softmax attention(s) traced "
+                     "as scaled_dot_product_attention\n")
         if self.fallback_ops:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         text += records.allocation_table(self.graphs)

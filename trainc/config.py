@@ -54,6 +54,9 @@ class Config:
     check_mutations: bool = False
     # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only
     cudagraphs: bool = False
+    # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
+    # (trainc/attention.py): its extern kernels never store the T x T scores
+    fuse_attention: bool = True
 
 
 def _env_defaults() -> dict[str, Any]:

@@ -23,6 +23,8 @@ EXTERN_OPS = (
     aten._scaled_dot_product_efficient_attention,
     aten._scaled_dot_product_efficient_attention_backward,
     aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
 )
 
 _EXTRA = (

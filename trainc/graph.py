@@ -78,6 +78,7 @@ class GraphSignature:
 class JointGraph:
     gm: fx.GraphModule
     signature: GraphSignature
+    attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
 
 
 def val(node: fx.Node) -> Optional[torch.Tensor]:

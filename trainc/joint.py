@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trainc import decomps, rng
+from trainc import attention, decomps, rng
 from trainc.graph import (GraphSignature, InputInfo, InputKind, JointGraph, OutputInfo,
                           OutputKind, is_dense)
 
@@ -37,7 +37,7 @@ class _Analysis:
 
 
 def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
-                training: bool) -> JointGraph:
+                training: bool, fuse_attention: bool = True) -> JointGraph:
     """Trace `gm(*args)` (and, when training, its backward) into a functional joint graph."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
@@ -47,9 +47,10 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         training = training and bool(info.tangents)
         seed = torch.empty((), dtype=torch.int64)
         tangents = list(info.tangent_examples) if training else []
-    fn, grads = _joint_fn(gm, info, requires_grad, training, len(args))
+    fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
         mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
+    with mode, _data_dependent_is_unsupported():
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
@@ -66,7 +67,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                          computed_strides=info.computed_strides,
                          tangents=info.tangents if training else (),
                          grads=tuple(grads) if training else (), training=training)
-    return JointGraph(functional, sig)
+    return JointGraph(functional, sig, rewrites[0])
 
 
 @contextlib.contextmanager
@@ -173,15 +174,19 @@ def _view_info(kind: OutputKind, base: int, t: torch.Tensor, base_t: torch.Tenso
                       t.storage_offset() - base_t.storage_offset(), t.requires_grad)
 
 
-def _joint_fn(gm, info: _Analysis, requires_grad, training: bool, n: int):
-    """The function make_fx traces: forward, then the vjp of the outputs that need grads."""
+def _joint_fn(gm, info: _Analysis, requires_grad, training: bool, n: int, fuse_attention: bool):
+    """The function make_fx traces: forward (explicit attention rewritten, trainc/attention.py),
+    then the vjp of the outputs that need grads."""
     grads: list[int] = []
+    rewrites = [0]
 
     def joint(*flat):
         primals, seed, tangents = flat[:n], flat[n], flat[n + 1:]
         with rng.tracing(seed), torch.set_grad_enabled(training):
             inner = [_detach(p, rg) for p, rg in zip(primals, requires_grad)]
-            outs = _as_list(gm(*inner))
+            with attention.tracing(fuse_attention) as att:
+                outs = _as_list(gm(*inner))
+            rewrites[0] = att.rewrites if att is not None else 0
             computed = [_computed_tensor(outs, k) for k in info.computed]
             if not training:
                 return computed
@@ -191,7 +196,7 @@ def _joint_fn(gm, info: _Analysis, requires_grad, training: bool, n: int):
         grads[:] = [i for i, g in zip(wrt, gs) if g is not None]
         return [*computed, *[g for g in gs if g is not None]]
 
-    return joint, grads
+    return joint, grads, rewrites
 
 
 def finish_graph(gm: fx.GraphModule, n: int, n_tangents: int) -> tuple[bool, list[int]]:

@@ -30,7 +30,7 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
                                             time.perf_counter() - t0), config)
         return art
     dump = debug.Dumper(config, gid)
-    joint = trace_joint(gm, args, kinds, training)
+    joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
     part = partition(joint, config) if joint.signature.training else None

@@ -33,6 +33,7 @@ class GraphRecord:
     mode: str = "train"  # "train" (fwd+bwd), "infer" (forward only), "step" (compile_step)
     # (graph name, passes.PassStats): post-grad allocations before/after, reinplaced ops
     passes: tuple = ()
+    attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -49,12 +50,15 @@ class GraphRecord:
             kernels=tuple(k for c in compiled for k in c.kernels),
             fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
             compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
-            passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm))
+            passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm),
+            attention_rewrites=joint.attention_rewrites)
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "
                 f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
-                f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms")
+                f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms"
+                + (f" attention_rewrites={self.attention_rewrites}" if self.attention_rewrites
+                   else ""))
 
 
 def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:

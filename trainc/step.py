@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from trainc import debug, decomps, records, rng
+from trainc import attention, debug, decomps, records, rng
 from trainc.codegen import CompiledGraph, get_backend
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
@@ -163,8 +163,9 @@ class CompiledStep:
                                         if n.op == "placeholder"])
         dump.graph("30_step.py", gm, "whole step graph given to the backend")
         dump.text("30_step_wrapper.py", compiled.source)
-        rec = records.GraphRecord.make(gid, JointGraph(gm, sig), part, gm, None, compiled, None,
-                                       backend.name, time.perf_counter() - t0)
+        rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
+                                       gm, None, compiled, None, backend.name,
+                                       time.perf_counter() - t0)
         records.publish(dataclasses.replace(rec, mode="step"), self.config)
         tangent = torch.ones((), device=_device(flat)) if budget else None
         return _Compiled(layout, compiled, sig, accumulate, tangent)
@@ -224,8 +225,11 @@ class CompiledStep:
             seed = rest[-1]
             with rng.tracing(seed), torch.enable_grad():
                 leaves = [p.detach().requires_grad_(True) for p in params]
-                loss = self._loss({n: l for (n, _), l in zip(self.params, leaves)},
-                                  {n: b.detach() for (n, _), b in zip(self.buffers, bufs)}, batch)
+                with attention.tracing(self.config.fuse_attention) as att:
+                    loss = self._loss({n: l for (n, _), l in zip(self.params, leaves)},
+                                      {n: b.detach() for (n, _), b in zip(self.buffers, bufs)},
+                                      batch)
+                self._attention_rewrites = att.rewrites if att is not None else 0
                 used = [leaves[i] for i in layout.params]
                 seed_grad = rest[0].to(loss.dtype).expand(loss.shape) if tangent else None
                 grads = list(torch.autograd.grad(loss, used, seed_grad))
