@@ -7,6 +7,7 @@ live in the written buffer's storage; codegen/storage.py decides after schedulin
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -99,10 +100,14 @@ class LoweredGraph:
 
 
 class GraphLowering:
-    """The lowering context handed to every lowering function."""
+    """The lowering context handed to every lowering function.
 
-    def __init__(self, gm: fx.GraphModule):
-        self.gm, self.g = gm, LoweredGraph()
+    `channels_last`: 2-D convolutions take their activations channels-last (NHWC in memory),
+    as cuDNN and oneDNN run them fastest; the values around them follow (`_preferred_layout`),
+    so the layout changes once, not at every convolution."""
+
+    def __init__(self, gm: fx.GraphModule, channels_last: bool = False):
+        self.gm, self.g, self.channels_last = gm, LoweredGraph(), channels_last
         self.env: dict[fx.Node, Any] = {}
         self.node: Optional[fx.Node] = None
         self._names = 0
@@ -119,17 +124,65 @@ class GraphLowering:
         return name
 
     def realize(self, v: TensorValue, stride=None) -> TensorValue:
-        """Materialize a lazy value into a buffer (contiguous unless `stride`) computed by a
-        pointwise node."""
-        if self.is_buffer(v):
+        """Materialize a lazy value into a buffer computed by a pointwise node: contiguous, or
+        laid out as `stride`, or (None) as `_preferred_layout` says. A dense permuted layout
+        (channels-last) is computed in memory order: the buffer is the permuted shape,
+        contiguous, and the value a permuted view of it."""
+        if self.is_buffer(v) or (stride is None and self._is_whole_view(v)):
             return v
+        hint = self._hints.get(id(v))
+        hint = hint if hint is not None and hint[0] is v else None
+        if stride is None and hint is None:
+            stride = self._preferred_layout(v)
+        order = _memory_order(v.shape, stride)
+        if order is not None:
+            return self._realize_permuted(v, stride, order)
         name = self.new_buffer(v.shape, v.dtype, "compute", stride)
         self.g.steps.append(ComputeNode(name, "pointwise", v.shape, v.dtype, v.fn,
                                         origins=self._origin(), region=self._region()))
-        hint = self._hints.get(id(v))
-        if hint is not None and hint[0] is v:
+        if hint is not None:
             self.g.reuse.setdefault(name, hint[1])
         return self.load(name)
+
+    def _realize_permuted(self, v: TensorValue, stride, order: list[int]) -> TensorValue:
+        shape = tuple(v.shape[d] for d in order)
+        name = self.new_buffer(shape, v.dtype, "compute")
+        back = [order.index(d) for d in range(len(order))]  # dim d of v is dim back[d] here
+        fn = v.fn
+        self.g.steps.append(ComputeNode(name, "pointwise", shape, v.dtype,
+                                        lambda j: fn([j[back[d]] for d in range(len(back))]),
+                                        origins=self._origin(), region=self._region()))
+        return ir.buffer_value(name, v.shape, stride, v.dtype)
+
+    def _is_whole_view(self, v: TensorValue) -> bool:
+        """v reads all of one buffer in a dense layout (a permuted realization)."""
+        if v.view is None or v.view.offset != 0:
+            return False
+        b = self.g.buffers[v.view.buf]
+        from trainc.graph import is_dense
+        return b.dtype == v.dtype and math.prod(b.shape) == v.numel and \
+            is_dense(v.shape, v.view.stride)
+
+    def _preferred_layout(self, v: TensorValue) -> Optional[tuple[int, ...]]:
+        """Channels-last for a 4-D value that reads a channels-last value element by element
+        (a normalization or activation after a convolution); None: contiguous."""
+        if not self.channels_last or len(v.shape) != 4 or v.shape[1] == 1:
+            return None
+        cl = _channels_last(v.shape)
+        syms = ir.symbols("l", v.shape)
+        want = ir.linear(syms, cl)
+        for load in ir.loads(v(syms)):
+            if load.index - want == 0:
+                return cl
+        return None
+
+    def to_channels_last(self, v: TensorValue) -> TensorValue:
+        """A 4-D value as a convolution argument: channels-last in memory."""
+        cl = _channels_last(v.shape)
+        if v.view is not None and self.g.buffers[v.view.buf].dtype == v.dtype and \
+                all(n == 1 or a == b for n, a, b in zip(v.shape, v.view.stride, cl)):
+            return v
+        return self.realize(TensorValue(v.shape, v.dtype, v.fn), cl)
 
     def reduction(self, shape, rshape, reduce_op: str, dtype, fn: Callable) -> TensorValue:
         """A buffer `shape` = reduce_op over `rshape` of fn(i, r)."""
@@ -169,6 +222,8 @@ class GraphLowering:
         conv = lambda a: self.tensor_arg(a) if isinstance(a, TensorValue) else a
         args = _map(conv, args)
         kwargs = {k: _map(conv, v) for k, v in kwargs.items()}
+        if target in _CONVS:  # its result's layout follows its arguments' (channels-last)
+            result = self._result_for_layouts(target, args, kwargs, result)
         flat = result if isinstance(result, (list, tuple)) else [result]
         names, values = [], []
         for r in flat:
@@ -181,6 +236,41 @@ class GraphLowering:
         self.g.steps.append(CallNode(kind, target, args, kwargs, tuple(names),
                                      self.node.name if self.node else ""))
         return type(result)(values) if isinstance(result, (list, tuple)) else values[0]
+
+    def _result_for_layouts(self, target, args, kwargs, traced):
+        """What `target` returns for arguments laid out as the lowered graph passes them (the
+        traced result assumed the traced layouts): the op run on fake tensors."""
+        flat = traced if isinstance(traced, (list, tuple)) else [traced]
+        device = next((t.device for t in flat if isinstance(t, torch.Tensor)), None)
+        if device is None:
+            return traced
+
+        def fake(a):
+            if isinstance(a, TensorArg):
+                return torch.empty_strided(a.shape, a.stride, dtype=self.g.buffers[a.buf].dtype,
+                                           device=device)
+            return a
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            out = target(*_map_args(fake, args), **{k: _map_args(fake, v)
+                                                    for k, v in kwargs.items()})
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        same = len(outs) == len(flat) and all(
+            (a is None and b is None) or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                                          and a.shape == b.shape and a.dtype == b.dtype)
+            for a, b in zip(outs, flat))
+        return out if same else traced
+
+    def _conv_args(self, target, args: tuple) -> tuple:
+        """A 2-D convolution's activations (input; grad_output too in its backward) as
+        channels-last values."""
+        n = 2 if target is aten.convolution_backward.default else 1
+        args = list(args)
+        for k in range(n):
+            if isinstance(args[k], TensorValue) and len(args[k].shape) == 4 and \
+                    args[k].dtype.is_floating_point:
+                args[k] = self.to_channels_last(args[k])
+        return tuple(args)
 
     def _origin(self) -> tuple[str, ...]:
         return (self.node.name,) if self.node is not None else ()
@@ -271,6 +361,8 @@ class GraphLowering:
         if target is _getitem:
             return args[0][args[1]]
         if isinstance(target, torch._ops.OpOverload) and is_extern(target):
+            if self.channels_last and target in _CONVS:
+                args = self._conv_args(target, args)
             return self.call("extern", target, args, kwargs, node.meta.get("val"))
         fn = lowerings.get(target)
         if fn is not None:
@@ -337,6 +429,30 @@ def _crosses(node: fx.Node) -> bool:
 
 
 _getitem = __import__("operator").getitem
+aten = torch.ops.aten
+_CONVS = (aten.convolution.default, aten.convolution_backward.default)
+
+
+def _channels_last(shape) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def _memory_order(shape, stride) -> Optional[list[int]]:
+    """The dims from outermost to innermost in memory for a dense layout that is not row-major
+    (size-1 dims aside); None for row-major or non-dense layouts (and no `stride`)."""
+    from trainc.graph import is_dense
+    if stride is None or not is_dense(shape, stride):
+        return None
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    big = [d for d in order if shape[d] != 1]
+    return None if big == sorted(big) else order
+
+
+def _map_args(f: Callable, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_args(f, y) for y in x)
+    return f(x)
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -385,5 +501,6 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable) -> LoweredGraph:
-    return GraphLowering(gm).run(lowerings, is_extern)
+def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,
+          channels_last: bool = False) -> LoweredGraph:
+    return GraphLowering(gm, channels_last).run(lowerings, is_extern)

@@ -372,6 +372,9 @@ def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: boo
     w.write()
     kept = w.keep_buffers() if keep else 0
     stats = {"fresh_bytes": w.fresh - kept, "peak_bytes": w.peak, "inplace": len(w.storage),
-             "kept_bytes": kept, "peak_live": w.peak_live()}
+             "kept_bytes": kept, "peak_live": w.peak_live(),
+             # the layout of each tensor output (None: not a tensor), for the next graph's inputs
+             "output_strides": tuple(tuple(a.stride) if isinstance(a, TensorArg) else None
+                                     for a in sched.graph.outputs)}
     source = _peak_comment(stats) + "def run(args):\n" + "\n".join(w.lines) + "\n"
     return Wrapper(source, w.ns, stats)

@@ -57,6 +57,9 @@ class Config:
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
+    # backends cpp/triton: 2-D convolutions run channels-last (NHWC memory; cuDNN and oneDNN
+    # are fastest there) and the normalizations/activations around them follow
+    conv_channels_last: bool = True
 
 
 def _env_defaults() -> dict[str, Any]:

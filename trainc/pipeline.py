@@ -39,6 +39,8 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     bwd_gm = run_passes(part.bwd, post) if part else None
     backend = get_backend(config.backend, _device(args), config)
     fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
+    if bwd_gm is not None:
+        _saved_layouts(fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd = backend.compile(bwd_gm, _example_inputs(bwd_gm)) if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
@@ -57,6 +59,22 @@ def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:
     if bwd_gm is not None:
         dump.graph("31_bwd.py", bwd_gm, "backward graph")
         dump.text("31_bwd_wrapper.py", bwd.source)
+
+
+def _saved_layouts(fwd, bwd_gm: fx.GraphModule, n_fwd_outputs: int) -> None:
+    """The backward takes the saved values in the layouts the compiled forward returns them
+    (a generated backend may store one channels-last): its placeholders say so, or every call
+    would copy them back to the traced layout."""
+    strides = fwd.extra.get("output_strides")
+    if not strides:
+        return
+    saved = strides[n_fwd_outputs:]
+    placeholders = [n for n in bwd_gm.graph.nodes if n.op == "placeholder"]
+    for node, stride in zip(placeholders, saved):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and stride is not None and \
+                tuple(val.stride()) != stride and len(stride) == val.dim():
+            node.meta["val"] = val.new_empty_strided(val.shape, stride)
 
 
 def _example_inputs(gm: fx.GraphModule) -> list:

@@ -29,7 +29,8 @@ class CppBackend:
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
-        sched = schedule(lower(gm, LOWERINGS, is_extern), scratch_bytes=SCRATCH_BYTES,
+        sched = schedule(lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last),
+                         scratch_bytes=SCRATCH_BYTES,
                          min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]

@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
+from trainc.codegen.split_reductions import split_reductions
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
@@ -40,7 +41,8 @@ class TritonBackend:
         if device.type != "cuda" and not interpret:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
-        sched = schedule(lower(gm, LOWERINGS, is_extern), register_row=PERSISTENT_LIMIT)
+        lowered = lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last)
+        sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
         foreign = _foreign(sched, example_inputs, device)

@@ -45,9 +45,12 @@ def test_transposed_reshapes_do_not_fuse():
     assert reshape.refines((4, 64, 128), (256, 128)) and reshape.refines((256,), (4, 64))
 
     def f(x):
-        return x * 2, x.transpose(2, 3) * 3
+        return x * 2, x.transpose(2, 3) * 3, x.transpose(2, 3).reshape(2, 3, 128) * 4
     c = check(f, torch.randn(2, 3, 8, 16))
-    assert len(c.kernels) == 2
+    # the transposed product is an output laid out as eager lays it out (x's memory order), so
+    # it is computed in that order, in x * 2's loop; the reshaped copy is written from the same
+    # loop at transposed positions
+    assert len(c.kernels) == 1, [k.nodes for k in c.kernels]
 
 
 def test_cat_of_equal_parts_reads_each_part_in_bounds_and_splits_the_dim():

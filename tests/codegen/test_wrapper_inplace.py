@@ -57,9 +57,21 @@ def _mm_inputs(n=8):
 def test_transposed_read_in_the_same_kernel_gets_a_fresh_buffer(backend):
     def f(x, w):
         a = x @ w
-        return a.t() + 1, a * 3  # a * 3 is reinplaced into a: both fuse into one kernel
+        # a * 3 could be reinplaced into a: both fuse into one kernel, which reads a transposed
+        return (a.t() + 1).contiguous(), a * 3
     c = _check(backend, f, *_mm_inputs(), fused=True)
     assert c.extra["inplace"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposed_output_is_computed_in_memory_order_and_allows_in_place(backend):
+    def f(x, w):
+        a = x @ w
+        # eager lays a.t() + 1 out as a is laid out: computed in that order, it reads each
+        # element of a where a * 3 writes it
+        return a.t() + 1, a * 3
+    c = _check(backend, f, *_mm_inputs(), fused=True)
+    assert c.extra["inplace"] == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

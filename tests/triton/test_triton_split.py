@@ -1,6 +1,8 @@
 """Reductions of a large tensor to scalars run as a multi-block two-stage kernel (split.py):
 values match eager (NaN, integers, bool any/all, bf16), later loops of the kernel read the
 reduction results, results are bitwise reproducible, and small reductions stay one block."""
+import re
+
 import torch
 
 from triton_helpers import DEVICE, assert_same, check, compile_triton
@@ -52,3 +54,29 @@ def test_split_is_bitwise_reproducible_and_small_stays_one_block():
     small = compile_triton(lambda x: (x.sum(),), x[:10])
     assert _split_kernels(small) == 0
     assert split.SPLIT_LIMIT < 200 * 700
+
+
+def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypatch):
+    """Per-channel statistics (NCHW and channels-last) and column sums: part[s, i] over the
+    inner dims, then out[i] over s (codegen/split_reductions.py)."""
+    from trainc.codegen import split_reductions as sr
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 256)
+    x = _big(8, 6, 16, 16)
+    x[1, 2, 3, 4] = float("nan")
+    cl = x.contiguous(memory_format=torch.channels_last)
+
+    def f(x, y, b):
+        m = x.mean((0, 2, 3))
+        return (m, ((x - m[:, None, None]) ** 2).sum((0, 2, 3)), x.amax((0, 2, 3)),
+                x.amin((0, 2)), y.sum(0), b.sum((0, 1)))
+    for a in (x, cl):
+        c = check(f, a, _big(64, 8, 5).view(64 * 8, 5), _big(16, 32, 7), rtol=1e-4, atol=1e-5)
+        # mean, centered squares, amax and b's sum split; the others reduce too few elements
+        # per output (amin) or have one reduced dim (y's column sums)
+        assert len(set(re.findall(r"buf\d+_part\b", c.source))) == 4, "not split"
+    # bf16: the partials are float32, one rounding at the end as in eager
+    c = check(lambda b: b.sum((0, 1)), _big(16, 32, 7, dtype=torch.bfloat16), rtol=8e-3)
+    assert "_part" in c.source
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 1 << 30)
+    assert "_part" not in check(f, x, _big(512, 5), _big(16, 32, 7), rtol=1e-4,
+                                atol=1e-5).source

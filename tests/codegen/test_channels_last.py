@@ -1,0 +1,53 @@
+"""2-D convolutions run channels-last (graph.py `to_channels_last`, `_preferred_layout`): the
+values around them follow, the backward takes the saved values in the forward's layouts (no
+copies at the boundary), results match eager, and `conv_channels_last=False` keeps NCHW."""
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+import trainc
+from trainc.testing import assert_grads_match
+
+BACKENDS = ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
+    pytest.importorskip("importlib").util.find_spec("triton") is None,
+    reason="triton is not installed"))]
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(64, 5))
+
+
+def _sources(m, x, tmp_path, **options) -> dict[str, str]:
+    """The dumped wrappers of one forward and backward (TRAINC_DEBUG_DIR's files)."""
+    out = trainc.compile(m, debug_dir=str(tmp_path), cache_artifacts=False, **options)(x)
+    out.sum().backward()
+    return {f.name: f.read_text() for f in tmp_path.rglob("*_wrapper.py")}
+
+
+CL_ARG = re.compile(r"as_strided\(\[2, 8, 8, 8\], \[512, 1, 64, 8\]")  # [N, C, H, W] in NHWC
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_convolutions_take_channels_last_and_the_backward_copies_nothing(backend, tmp_path):
+    x = torch.randn(2, 3, 8, 8)
+    src = _sources(_net(), x, tmp_path, backend=backend)
+    fwd, bwd = src["30_fwd_wrapper.py"], src["31_bwd_wrapper.py"]
+    assert CL_ARG.search(fwd) and CL_ARG.search(bwd)
+    # saved 4-D values arrive in the layout the forward returned them in: no restride copies
+    head = bwd.split("\n    buf", 1)[0]
+    assert not re.search(r"restride\(arg\d+, \(512, 64, 8, 1\)\)", head)
+    assert "512, 1, 64, 8" in head  # the backward's inputs are declared channels-last
+    assert_grads_match(_net(), [x], backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_option_off_keeps_nchw(backend, tmp_path):
+    x = torch.randn(2, 3, 8, 8)
+    src = _sources(_net(), x, tmp_path, backend=backend, conv_channels_last=False)
+    assert not any(CL_ARG.search(s) for s in src.values())
+    assert_grads_match(_net(), [x], backend=backend, conv_channels_last=False)
