@@ -32,7 +32,8 @@ class Wrapper:
     def build(self, kernels: Any) -> Callable[[list], list]:
         ns = dict(self.namespace, K=kernels)
         if "KEEP" in ns:  # each built wrapper owns its kept buffers
-            ns["KEEP"] = Kept(ns["KEEP"].specs)
+            k = ns["KEEP"]
+            ns["KEEP"] = Kept(k.nbytes, k.specs, k.device)
         exec(compile(self.source, "<trainc wrapper>", "exec"), ns)
         return ns["run"]
 
@@ -54,19 +55,23 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
 
 
 class Kept:
-    """Buffers a wrapper keeps across calls (no page faults from fresh allocations): one set per
-    call in flight, so a re-entrant or concurrent call gets its own; a call that raised never
-    returns its set."""
+    """Buffers a wrapper keeps across calls (no page faults from fresh allocations): views into
+    one arena whose offsets the wrapper planned (buffers alive at the same time never overlap),
+    so the arena is about the planned peak, not the sum of the buffers. One arena per call in
+    flight, so a re-entrant or concurrent call gets its own; a call that raised never returns
+    its set."""
 
-    def __init__(self, specs: list[tuple]):
-        self.specs = specs  # (shape, stride, dtype, device) per kept buffer
+    def __init__(self, nbytes: int, specs: list[tuple], device=None):
+        self.nbytes, self.device = nbytes, device
+        self.specs = specs  # (byte offset, shape, stride, dtype) per kept buffer
         self.free: list[list[torch.Tensor]] = []
 
     def acquire(self) -> list[torch.Tensor]:
         if self.free:
             return self.free.pop()
-        return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in self.specs]
+        arena = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        return [arena[off:off + _extent(shape, stride, dtype)].view(dtype).as_strided(shape, stride)
+                for off, shape, stride, dtype in self.specs]
 
     def release(self, bufs: list[torch.Tensor]) -> None:
         self.free.append(bufs)
@@ -99,6 +104,7 @@ class _Writer:
         # wrapper allocation, the index of its line (rewritten when the buffer is kept)
         self.root: dict[str, str] = {}
         self.alloc_line: dict[str, int] = {}
+        self.end_line: dict[str, int] = {}  # storage root -> the last line that frees a name of it
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -194,12 +200,18 @@ class _Writer:
                 pooled.append(b)
             else:
                 self.emit(f"del {b}")
+                self._ended(b)
                 if buf.kind in ("compute", "call") and not self._overwrote(b):
                     self.live -= buf.nbytes
                     self.live_set.pop(b, None)
         for t in self.drop:
             self.emit(f"del {t}")
+            self._ended(t)
         self.drop = []
+
+    def _ended(self, name: str) -> None:
+        root = self.root.get(name, name)
+        self.end_line[root] = max(self.end_line.get(root, 0), len(self.lines))
 
     def _overwrote(self, b: str) -> bool:
         """b took the storage of a graph input: freeing the name frees no memory."""
@@ -264,15 +276,17 @@ class _Writer:
         kept = [b for b in self.alloc_line if b not in leaving]
         if not kept:
             return 0
+        bufs = [self.g.buffers[b] for b in kept]
+        spans = [(self.alloc_line[b], self.end_line.get(b, len(self.lines))) for b in kept]
+        offsets, total = _pack([_extent(b.shape, b.stride, b.dtype) for b in bufs], spans)
         specs = []
-        for k, name in enumerate(kept):
-            b = self.g.buffers[name]
-            specs.append((tuple(b.shape), tuple(b.stride), b.dtype, self.device))
+        for k, (name, b, off) in enumerate(zip(kept, bufs, offsets)):
+            specs.append((off, tuple(b.shape), tuple(b.stride), b.dtype))
             self.lines[self.alloc_line[name]] = f"    {name} = KEPT[{k}]"
-        self.ns["KEEP"] = Kept(specs)
+        self.ns["KEEP"] = Kept(total, specs, self.device)
         self.lines.insert(1, "    KEPT = KEEP.acquire()")
         self.lines.insert(len(self.lines) - 1, "    KEEP.release(KEPT)")
-        return sum(self.g.buffers[b].nbytes for b in kept)
+        return total
 
     def _kernel(self, k: Kernel) -> None:
         for n in k.nodes:
@@ -339,6 +353,37 @@ def _returns_tuple(target) -> bool:
     return schema is not None and len(schema.returns) > 1 or (
         schema is not None and len(schema.returns) == 1 and
         str(schema.returns[0].type).startswith(("Tensor[]", "List")))
+
+
+ALIGN = 64  # bytes; every kept buffer starts on a cache line
+
+
+def _extent(shape, stride, dtype) -> int:
+    """Bytes a strided layout spans (0 for an empty tensor)."""
+    if any(n == 0 for n in shape):
+        return 0
+    item = torch.empty((), dtype=dtype).element_size()
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * item
+
+
+def _pack(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """Byte offsets for buffers alive over `spans` (inclusive line ranges): largest first, each
+    at the lowest aligned offset clear of every placed buffer whose span overlaps its own.
+    Returns (offsets, arena bytes)."""
+    offsets = [0] * len(sizes)
+    placed: list[int] = []
+    for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], spans[k])):
+        busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in placed
+                      if spans[j][0] <= spans[k][1] and spans[k][0] <= spans[j][1] and sizes[j])
+        at = 0
+        for lo, hi in busy:
+            if at + sizes[k] <= lo:
+                break
+            at = max(at, -(-hi // ALIGN) * ALIGN)
+        offsets[k] = at
+        placed.append(k)
+    total = max((offsets[k] + sizes[k] for k in range(len(sizes))), default=0)
+    return offsets, -(-total // ALIGN) * ALIGN
 
 
 def _pool_key(b: Buffer) -> tuple:

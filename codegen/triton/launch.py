@@ -111,7 +111,9 @@ def candidates(ks: KernelSource) -> list[LaunchConfig]:
     elif ks.rblock:
         xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if 256 <= x * ks.rblock <= 8192
               and x <= next_pow2(ks.xnumel)] or [1]
-        out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in (4, 8)]
+        # long rows keep several row-sized values live per program: more warps, fewer each
+        warps = (4, 8, 16) if ks.rblock >= 2048 else (4, 8)
+        out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in warps]
     else:
         out = [LaunchConfig(1, 2048, 8, 1), LaunchConfig(1, 1024, 4, 2),
                LaunchConfig(4, 512, 8, 2), LaunchConfig(16, 128, 4, 2),

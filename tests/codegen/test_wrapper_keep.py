@@ -55,13 +55,30 @@ def test_kept_buffers_are_the_same_storage_across_calls():
 
 
 def test_concurrent_calls_get_their_own_buffers():
-    k = Kept([((4, 4), (4, 1), torch.float32, None)])
+    k = Kept(64, [(0, (4, 4), (4, 1), torch.float32)])
     a = k.acquire()
     b = k.acquire()  # a call while another is in flight (re-entrant or another thread)
     assert a[0].data_ptr() != b[0].data_ptr()
     k.release(a)
     k.release(b)
     assert k.acquire()[0].data_ptr() in (a[0].data_ptr(), b[0].data_ptr())
+
+
+def test_kept_arena_overlaps_only_buffers_that_are_never_alive_together():
+    from trainc.codegen.wrapper import _pack
+    sizes = [1000, 1000, 500, 64, 0]
+    spans = [(0, 4), (5, 9), (3, 6), (0, 9), (2, 2)]
+    offsets, total = _pack(sizes, spans)
+    for i in range(len(sizes)):
+        for j in range(i):
+            together = spans[i][0] <= spans[j][1] and spans[j][0] <= spans[i][1]
+            apart = offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i]
+            assert apart or not together, (i, j, offsets)
+    assert offsets[0] == offsets[1]  # never alive together: one place
+    assert total % 64 == 0 and total < sum(sizes)
+    c = compile_cpp(_net, *_args(0), config=KEEP)
+    kept = c.run.__globals__["KEEP"]
+    assert c.extra["kept_bytes"] == kept.nbytes <= c.extra["peak_bytes"]
 
 
 def test_keep_off_allocates_per_call():
