@@ -95,6 +95,9 @@ def heuristic(ks: KernelSource) -> LaunchConfig:
     if ks.rblock:
         x = max(1, min(next_pow2(ks.xnumel), 2048 // ks.rblock))
         return LaunchConfig(x, 0, 4 if x * ks.rblock <= 2048 else 8)
+    if ks.column:  # loads run along x: wide x, short r (coalesced, few registers)
+        x = min(64, next_pow2(ks.xnumel))
+        return LaunchConfig(x, min(next_pow2(ks.rnumel), 2048 // x), 4, 2)
     return LaunchConfig(1, min(2048, next_pow2(ks.rnumel)), 8, 1)
 
 
@@ -114,6 +117,9 @@ def candidates(ks: KernelSource) -> list[LaunchConfig]:
         # long rows keep several row-sized values live per program: more warps, fewer each
         warps = (4, 8, 16) if ks.rblock >= 2048 else (4, 8)
         out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in warps]
+    elif ks.column:
+        out = [LaunchConfig(32, 64, 4, 2), LaunchConfig(64, 32, 4, 2), LaunchConfig(128, 16, 4, 2),
+               LaunchConfig(64, 64, 8, 2)]
     else:
         out = [LaunchConfig(1, 2048, 8, 1), LaunchConfig(1, 1024, 4, 2),
                LaunchConfig(4, 512, 8, 2), LaunchConfig(16, 128, 4, 2),

@@ -8,6 +8,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from trainc.codegen import ir
@@ -34,6 +35,9 @@ class KernelSource:
     inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
     stages: tuple = ()  # split: (split.Stage, ...) launched in order
     scratch: tuple = ()  # split, scatter: (split.Scratch, ...) per call, passed after params
+    # 2d: the reductions read memory contiguous along the rows (x), across the reduced dims
+    # (a column sum, per-channel statistics of channels-last data): wide x tiles, looped
+    column: bool = False
 
 
 LOW = (torch.bfloat16, torch.float16)
@@ -41,6 +45,29 @@ LOW = (torch.bfloat16, torch.float16)
 
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _column(kern: Kernel) -> bool:
+    """More of the reductions' loads are contiguous along the last outer dim than along the
+    last reduced dim."""
+    if not kern.outer:
+        return False
+    osyms = ir.symbols("o", kern.outer)
+    row = col = 0
+    for lp in kern.loops:
+        isyms = ir.symbols("i", lp.inner)
+        if not isyms:
+            continue
+        for n in lp.steps:
+            if n.kind != "reduction":
+                continue
+            for load in ir.loads(n.fn(osyms, isyms)):
+                index = sympy.sympify(load.index)
+                if index.diff(isyms[-1]) == 1:
+                    row += 1
+                elif index.diff(osyms[-1]) == 1:
+                    col += 1
+    return col > row
 
 
 class KernelPrinter:
@@ -180,7 +207,8 @@ class KernelPrinter:
         body = Body(self, "    ")
         self._split(body, "xindex", osyms, self.k.outer, "x")
         rmax = max((_numel(lp.inner) for lp in self.k.loops), default=1)
-        persistent = next_pow2(rmax) <= PERSISTENT_LIMIT
+        column = not self.k.scratch and _column(self.k)
+        persistent = next_pow2(rmax) <= PERSISTENT_LIMIT and not column
         shared: dict = {}  # persistent: inner shape -> (isyms, rindex, rmask, rz)
         written: set[str] = set()
         for k, lp in enumerate(self.k.loops):
@@ -191,7 +219,8 @@ class KernelPrinter:
         extra = "" if persistent else ", RBLOCK: tl.constexpr"
         lines = self._header(self.k.name, body, _numel(self.k.outer), extra)
         return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "2d",
-                            _numel(self.k.outer), rmax, next_pow2(rmax) if persistent else 0)
+                            _numel(self.k.outer), rmax, next_pow2(rmax) if persistent else 0,
+                            column=column)
 
     def _loop(self, outer: Body, lp: Loop, osyms, persistent: bool, shared: dict,
               k: int) -> None:

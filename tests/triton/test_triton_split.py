@@ -69,11 +69,16 @@ def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypat
         m = x.mean((0, 2, 3))
         return (m, ((x - m[:, None, None]) ** 2).sum((0, 2, 3)), x.amax((0, 2, 3)),
                 x.amin((0, 2)), y.sum(0), b.sum((0, 1)))
+    columns = []
     for a in (x, cl):
         c = check(f, a, _big(64, 8, 5).view(64 * 8, 5), _big(16, 32, 7), rtol=1e-4, atol=1e-5)
         # mean, centered squares, amax and b's sum split; the others reduce too few elements
         # per output (amin) or have one reduced dim (y's column sums)
         assert len(set(re.findall(r"buf\d+_part\b", c.source))) == 4, "not split"
+        columns.append(sum(k.ks.column for k in vars(c.run.__globals__["K"]).values()))
+    # reads along x (wide x tiles, looped): the final stages and y's column sums; channels-last,
+    # the partials of the per-channel statistics too
+    assert 0 < columns[0] < columns[1], columns
     # bf16: the partials are float32, one rounding at the end as in eager
     c = check(lambda b: b.sum((0, 1)), _big(16, 32, 7, dtype=torch.bfloat16), rtol=8e-3)
     assert "_part" in c.source
