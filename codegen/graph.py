@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -132,7 +133,10 @@ class GraphLowering:
             return v
         hint = self._hints.get(id(v))
         hint = hint if hint is not None and hint[0] is v else None
-        if stride is None and hint is None:
+        if stride is None and (hint is None or
+                               self.g.buffers[hint[1]].kind in ("compute", "call")):
+            # an in-place update of a graph input (a parameter) keeps the input's layout; an
+            # intermediate's in-place hint gives way to the layout (the hint is then dropped)
             stride = self._preferred_layout(v)
         order = _memory_order(v.shape, stride)
         if order is not None:
@@ -164,17 +168,21 @@ class GraphLowering:
             is_dense(v.shape, v.view.stride)
 
     def _preferred_layout(self, v: TensorValue) -> Optional[tuple[int, ...]]:
-        """Channels-last for a 4-D value that reads a channels-last value element by element
-        (a normalization or activation after a convolution); None: contiguous."""
-        if not self.channels_last or len(v.shape) != 4 or v.shape[1] == 1:
+        """Channels-last for a 4-D value whose loads (those varying along both C and W) run
+        along the channels more often than along W: a normalization, activation or pooling of
+        a channels-last value. None: contiguous."""
+        if not self.channels_last or len(v.shape) != 4 or v.shape[1] == 1 or v.shape[3] == 1:
             return None
-        cl = _channels_last(v.shape)
         syms = ir.symbols("l", v.shape)
-        want = ir.linear(syms, cl)
+        along_c = along_w = 0
         for load in ir.loads(v(syms)):
-            if load.index - want == 0:
-                return cl
-        return None
+            index = sympy.sympify(load.index)
+            dc, dw = index.diff(syms[1]), index.diff(syms[3])
+            if dc == 0 or dw == 0:
+                continue
+            along_c += dc == 1
+            along_w += dw == 1
+        return _channels_last(v.shape) if along_c > along_w else None
 
     def to_channels_last(self, v: TensorValue) -> TensorValue:
         """A 4-D value as a convolution argument: channels-last in memory."""
@@ -255,10 +263,11 @@ class GraphLowering:
             out = target(*_map_args(fake, args), **{k: _map_args(fake, v)
                                                     for k, v in kwargs.items()})
         outs = out if isinstance(out, (list, tuple)) else [out]
-        same = len(outs) == len(flat) and all(
-            (a is None and b is None) or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                                          and a.shape == b.shape and a.dtype == b.dtype)
-            for a, b in zip(outs, flat))
+        def alike(a, b) -> bool:
+            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+                return a is None and b is None
+            return a.shape == b.shape and a.dtype == b.dtype
+        same = len(outs) == len(flat) and all(alike(a, b) for a, b in zip(outs, flat))
         return out if same else traced
 
     def _conv_args(self, target, args: tuple) -> tuple:

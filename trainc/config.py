@@ -58,9 +58,12 @@ class Config:
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
-    # backends cpp/triton: 2-D convolutions run channels-last (NHWC memory; cuDNN and oneDNN
-    # are fastest there) and the normalizations/activations around them follow
-    conv_channels_last: bool = True
+    # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
+    # pooling around them follow. None: on for cpp (oneDNN is faster there), off for triton:
+    # on the H200 (session 5) trainc's channels-last convnet was not faster than NCHW, and
+    # cuDNN's NHWC algorithms give a float32 batch-norm gradient 2.2x eager NCHW's error (eager
+    # channels-last: the same), which DESIGN.md's 2x rule against eager NCHW rejects.
+    conv_channels_last: Optional[bool] = None
 
 
 def _env_defaults() -> dict[str, Any]:

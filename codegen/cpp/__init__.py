@@ -29,7 +29,8 @@ class CppBackend:
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
-        sched = schedule(lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last),
+        channels_last = self.config.conv_channels_last is not False
+        sched = schedule(lower(gm, LOWERINGS, is_extern, channels_last),
                          scratch_bytes=SCRATCH_BYTES,
                          min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite

@@ -41,7 +41,7 @@ class TritonBackend:
         if device.type != "cuda" and not interpret:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
-        lowered = lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last)
+        lowered = lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).

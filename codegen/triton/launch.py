@@ -114,9 +114,7 @@ def candidates(ks: KernelSource) -> list[LaunchConfig]:
     elif ks.rblock:
         xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if 256 <= x * ks.rblock <= 8192
               and x <= next_pow2(ks.xnumel)] or [1]
-        # long rows keep several row-sized values live per program: more warps, fewer each
-        warps = (4, 8, 16) if ks.rblock >= 2048 else (4, 8)
-        out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in warps]
+        out = [LaunchConfig(x, 0, w) for x in xs[:3] for w in (4, 8)]
     elif ks.column:
         out = [LaunchConfig(32, 64, 4, 2), LaunchConfig(64, 32, 4, 2), LaunchConfig(128, 16, 4, 2),
                LaunchConfig(64, 64, 8, 2)]

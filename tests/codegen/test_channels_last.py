@@ -35,14 +35,22 @@ CL_ARG = re.compile(r"as_strided\(\[2, 8, 8, 8\], \[512, 1, 64, 8\]")  # [N, C, 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_convolutions_take_channels_last_and_the_backward_copies_nothing(backend, tmp_path):
     x = torch.randn(2, 3, 8, 8)
-    src = _sources(_net(), x, tmp_path, backend=backend)
+    src = _sources(_net(), x, tmp_path, backend=backend, conv_channels_last=True)
     fwd, bwd = src["30_fwd_wrapper.py"], src["31_bwd_wrapper.py"]
     assert CL_ARG.search(fwd) and CL_ARG.search(bwd)
     # saved 4-D values arrive in the layout the forward returned them in: no restride copies
     head = bwd.split("\n    buf", 1)[0]
     assert not re.search(r"restride\(arg\d+, \(512, 64, 8, 1\)\)", head)
     assert "512, 1, 64, 8" in head  # the backward's inputs are declared channels-last
-    assert_grads_match(_net(), [x], backend=backend)
+    assert_grads_match(_net(), [x], backend=backend, conv_channels_last=True)
+
+
+def test_default_is_channels_last_for_cpp_only(tmp_path):
+    x = torch.randn(2, 3, 8, 8)
+    assert CL_ARG.search(_sources(_net(), x, tmp_path / "cpp", backend="cpp")["30_fwd_wrapper.py"])
+    pytest.importorskip("triton")
+    assert not CL_ARG.search(_sources(_net(), x, tmp_path / "triton",
+                                      backend="triton")["30_fwd_wrapper.py"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -51,3 +59,15 @@ def test_option_off_keeps_nchw(backend, tmp_path):
     src = _sources(_net(), x, tmp_path, backend=backend, conv_channels_last=False)
     assert not any(CL_ARG.search(s) for s in src.values())
     assert_grads_match(_net(), [x], backend=backend, conv_channels_last=False)
+
+
+@pytest.mark.parametrize("partitioner", ["mincut", "save_all"])
+def test_saved_activations_are_channels_last(partitioner, tmp_path):
+    """Values computed in place of a convolution's result (x - mean of a batch norm) follow
+    its layout too: the backward's 4-D activation inputs are all channels-last."""
+    x = torch.randn(2, 3, 8, 8)
+    bwd = _sources(_net(), x, tmp_path, backend="cpp", partitioner=partitioner)[
+        "31_bwd_wrapper.py"]
+    declared = re.findall(r"if arg\d+\.stride\(\) != \((\d+), (\d+), (\d+), (\d+)\)", bwd)
+    nchw = [s for s in declared if s[1] != "1" and s[0] not in ("27", "72", "8", "192")]
+    assert declared and not nchw, declared

@@ -17,8 +17,8 @@ T = attention.CPU_MIN_SEQ  # shortest CPU sequence the rewrite applies to
 class Attn(nn.Module):
     def __init__(self, d=32, heads=2, causal=True, p=0.0, variant="mul"):
         super().__init__()
-        self.h, self.qkv, self.causal, self.p, self.variant = heads, nn.Linear(d, 3 * d), causal, p, \
-            variant
+        self.h, self.qkv, self.causal = heads, nn.Linear(d, 3 * d), causal
+        self.p, self.variant = p, variant
 
     def forward(self, x):
         B, L, C = x.shape
