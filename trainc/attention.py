@@ -47,7 +47,7 @@ class _Attention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in ("matmul", "__matmul__"):
+        if name in ("matmul", "__matmul__") and len(args) == 2 and not kwargs:
             out = self._attention(*args)
             if out is not None:
                 self.rewrites += 1
