@@ -135,10 +135,10 @@ def run_model(name: str, dtype: torch.dtype, args, device: str, lock) -> list[di
               file=sys.stderr, flush=True)
     with lock:  # peak and timing only while no other shard measures on this device
         for mode, e in entries.items():
-            # + buffers kept allocated between calls (trainc cpp): resident, unseen per call
+            # peak_bytes counts the arenas trainc's cpp graphs keep between calls; "kept" says
+            # how much of the peak they are
             e["kept"] = getattr(e["step"], "kept_bytes", 0) / 2**20
-            e["peak"] = e["kept"] + peak_bytes(lambda: e["step"](*e["xs"]),
-                                               torch.device(device)) / 2**20
+            e["peak"] = peak_bytes(lambda: e["step"](*e["xs"]), torch.device(device)) / 2**20
         for _ in range(args.iters):  # interleaved: one step of each mode per round
             for e in entries.values():
                 ms, e["loss"] = time_one(e["step"], e["xs"], device)

@@ -8,8 +8,9 @@ Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -54,6 +55,21 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
     return out.expand(shape) if flat else out
 
 
+_watchers: list[dict] = []
+
+
+@contextlib.contextmanager
+def held_arenas() -> Iterator[dict]:
+    """Bytes of the kept arenas allocated before this block that calls inside it use (one entry
+    per arena): memory those calls hold that no allocator event inside the block shows."""
+    seen: dict = {}
+    _watchers.append(seen)
+    try:
+        yield seen
+    finally:
+        _watchers.remove(seen)
+
+
 class Kept:
     """Buffers a wrapper keeps across calls (no page faults from fresh allocations): views into
     one arena whose offsets the wrapper planned (buffers alive at the same time never overlap),
@@ -68,10 +84,15 @@ class Kept:
 
     def acquire(self) -> list[torch.Tensor]:
         if self.free:
+            for seen in _watchers:  # allocated before the block: held, unseen by its events
+                seen.setdefault(id(self.free[-1]), self.nbytes)
             return self.free.pop()
         arena = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
-        return [arena[off:off + _extent(shape, stride, dtype)].view(dtype).as_strided(shape, stride)
+        bufs = [arena[off:off + _extent(shape, stride, dtype)].view(dtype).as_strided(shape, stride)
                 for off, shape, stride, dtype in self.specs]
+        for seen in _watchers:  # allocated inside the block: its allocator events show it
+            seen[id(bufs)] = 0
+        return bufs
 
     def release(self, bufs: list[torch.Tensor]) -> None:
         self.free.append(bufs)

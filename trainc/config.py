@@ -34,11 +34,11 @@ class Config:
     cache_dir: Optional[str] = None
     # backend="cpp": allocate the buffers that never leave a compiled graph once, in one arena
     # planned like the wrapper's own allocations (about its planned peak), and keep it across
-    # calls (fresh large allocations page-fault on every call). Off when a memory_budget is
-    # set. Off by default: the arena is held between calls where no peak measurement
-    # (trainc.report.peak_bytes) sees it, which would make memory reports and budgets lie.
-    # Measured gain (session 5, 2-core box, interleaved): 2-7% per model step, mlp the most.
-    cpp_keep_buffers: bool = False
+    # calls: freed memory goes back to the OS and fresh allocations page-fault on every call
+    # (session 5, 2-core box, interleaved: 2-7% per model step, mlp the most). The arena is
+    # held between calls; trainc.report.peak_bytes counts the arenas a measured run uses.
+    # Off when a memory_budget is set (the budget is about the planned peak alone).
+    cpp_keep_buffers: bool = True
     # Store compiled artifacts under cache_dir and load them in later processes, skipping
     # tracing and codegen (trainc/artifact_cache.py; TRAINC_CACHE_ARTIFACTS=0: off).
     cache_artifacts: bool = True

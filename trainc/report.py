@@ -161,7 +161,9 @@ def _step(fn, model, inputs, loss_fn, clear: bool = True) -> None:
 
 def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
     """Peak memory of `run` above what was allocated before it: CUDA's allocator statistics, or
-    on CPU the running sum of the allocator events torch.profiler records."""
+    on CPU the running sum of the allocator events torch.profiler records, plus the arenas
+    trainc's cpp graphs keep between calls (`cpp_keep_buffers`) that `run` uses: allocated
+    before it, they hold memory all through it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)
@@ -170,14 +172,17 @@ def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - start
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    from trainc.codegen.wrapper import held_arenas
+    with held_arenas() as held, profile(activities=[ProfilerActivity.CPU],
+                                        profile_memory=True) as prof:
         run()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     cur = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):
         cur += e.nbytes()
         peak = max(peak, cur)
-    return peak
+    return peak + sum(held.values())
 
 
 def _mark_pareto(rows: list[TradeoffRow]) -> list[TradeoffRow]:

@@ -93,3 +93,15 @@ def test_keep_off_allocates_per_call():
     assert c.extra["kept_bytes"] == 0 and "KEEP" not in c.source
     for o, r in zip(c.run(args), _net(*args)):
         assert_same(o, r, 1e-5, 1e-6)
+
+
+def test_peak_bytes_counts_the_arena_a_run_holds():
+    from trainc.report import peak_bytes
+    c = compile_cpp(_net, *_args(0), config=KEEP)
+    cpu = torch.device("cpu")
+    first = peak_bytes(lambda: c.run(_args(0)), cpu)  # allocates the arena: an allocator event
+    again = peak_bytes(lambda: c.run(_args(1)), cpu)  # reuses it: held from before
+    twice = peak_bytes(lambda: (c.run(_args(0)), c.run(_args(1))), cpu)
+    arena = c.run.__globals__["KEEP"].nbytes
+    assert arena > 0 and again >= arena and abs(again - first) <= arena // 2
+    assert twice >= arena and twice < again + arena  # one arena, counted once
