@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from trainc.codegen import functional, ir
+from trainc.graph import is_dense
 from trainc.codegen.ir import TensorValue
 
 # A value with several users is recomputed in each when its ops cost at most this much
@@ -163,7 +164,6 @@ class GraphLowering:
         if v.view is None or v.view.offset != 0:
             return False
         b = self.g.buffers[v.view.buf]
-        from trainc.graph import is_dense
         return b.dtype == v.dtype and math.prod(b.shape) == v.numel and \
             is_dense(v.shape, v.view.stride)
 
@@ -260,9 +260,10 @@ class GraphLowering:
             return a
         from torch._subclasses.fake_tensor import FakeTensorMode
         with FakeTensorMode():
-            out = target(*_map_args(fake, args), **{k: _map_args(fake, v)
-                                                    for k, v in kwargs.items()})
+            out = target(*_map_all(fake, args), **{k: _map_all(fake, v)
+                                                   for k, v in kwargs.items()})
         outs = out if isinstance(out, (list, tuple)) else [out]
+
         def alike(a, b) -> bool:
             if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
                 return a is None and b is None
@@ -450,18 +451,12 @@ def _channels_last(shape) -> tuple[int, ...]:
 def _memory_order(shape, stride) -> Optional[list[int]]:
     """The dims from outermost to innermost in memory for a dense layout that is not row-major
     (size-1 dims aside); None for row-major or non-dense layouts (and no `stride`)."""
-    from trainc.graph import is_dense
     if stride is None or not is_dense(shape, stride):
         return None
     order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
     big = [d for d in order if shape[d] != 1]
     return None if big == sorted(big) else order
 
-
-def _map_args(f: Callable, x):
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map_args(f, y) for y in x)
-    return f(x)
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -488,7 +483,6 @@ def _traced_layout(node, v: TensorValue) -> Optional[tuple[int, ...]]:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(v.shape):
         return None
-    from trainc.graph import is_dense
     stride = tuple(int(s) for s in val.stride())
     if val.numel() <= 1 or stride == ir.contiguous_strides(v.shape) or \
             not is_dense(v.shape, stride):
@@ -500,10 +494,15 @@ def _flat(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _map(f: Callable, x):
+def _map_all(f: Callable, x):
+    """f applied to every leaf of nested lists/tuples."""
     if isinstance(x, (list, tuple)):
-        return type(x)(_map(f, y) for y in x)
-    return f(x) if isinstance(x, (fx.Node, TensorValue)) else x
+        return type(x)(_map_all(f, y) for y in x)
+    return f(x)
+
+
+def _map(f: Callable, x):
+    return _map_all(lambda a: f(a) if isinstance(a, (fx.Node, TensorValue)) else a, x)
 
 
 def _itemsize(dtype: torch.dtype) -> int:

@@ -383,8 +383,7 @@ def _extent(shape, stride, dtype) -> int:
     """Bytes a strided layout spans (0 for an empty tensor)."""
     if any(n == 0 for n in shape):
         return 0
-    item = torch.empty((), dtype=dtype).element_size()
-    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * item
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * dtype.itemsize
 
 
 def _pack(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], int]:

@@ -50,7 +50,6 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
     fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
         mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
-    with mode, _data_dependent_is_unsupported():
         functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
                              decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
