@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import models
+models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
 from pass_programs import copy_gm
 from test_reinplace import assert_reinplace_keeps_values
 from trainc import pipeline, records
