@@ -4,6 +4,8 @@ Call 1 runs normally (compiles, autotunes). Call 2 captures: inputs whose addres
 between calls (parameters, optimizer state) are captured in place; the others get static buffers
 that each replay copies into. Outputs in the graph's private pool are cloned (a later replay
 would overwrite them). A stable input that moves triggers a re-capture (at most MAX_CAPTURES).
+The private pool holds the graph's buffers between replays: `held_bytes` (the segments of that
+pool) is what trainc.report.peak_bytes adds for a run that replays it.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Optional
 import torch
 
 from trainc.codegen import CompiledGraph
+from trainc.codegen.wrapper import note_held
 
 MAX_CAPTURES = 3
 
@@ -26,6 +29,7 @@ class CudaGraphRunner:
         self.ptrs: list = []
         self.static: list = []
         self.outs: list = []
+        self.held_bytes = 0
         self.note = "not captured yet"
 
     def __call__(self, args: list) -> list:
@@ -37,6 +41,7 @@ class CudaGraphRunner:
             self._capture(args)
         else:
             self._copy_in(args)
+            note_held(id(self), self.held_bytes)
         self.graph.replay()
         keep = {p for p, s in zip(self.ptrs, self.stable) if s and p is not None}
         return [o.clone() if isinstance(o, torch.Tensor) and o.data_ptr() not in keep else o
@@ -50,9 +55,11 @@ class CudaGraphRunner:
                        for a, s in zip(args, self.stable)]
         self._copy_in(args)
         torch.cuda.synchronize()
+        note_held(id(self), 0)  # captured inside a measured block: its allocations show
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outs = self.inner(list(self.static))
+        self.held_bytes = _pool_bytes(self.graph.pool())
         self.ptrs = [p if s else None for p, s in zip(now, self.stable)]
         self.first_ptrs = now
         self.captures += 1
@@ -67,6 +74,12 @@ class CudaGraphRunner:
         for a, s, st in zip(args, self.stable, self.static):
             if not s and isinstance(a, torch.Tensor):
                 st.copy_(a)
+
+
+def _pool_bytes(pool) -> int:
+    """Bytes of the memory segments a CUDA graph's private pool holds."""
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
 def _t(a) -> bool:

@@ -58,6 +58,14 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
 _watchers: list[dict] = []
 
 
+def note_held(key, nbytes: int) -> None:
+    """Memory allocated before a held_arenas() block that a call inside it uses (a kept arena,
+    a CUDA graph's private pool): 0 when it was allocated inside the block (then its allocator
+    events show it)."""
+    for seen in _watchers:
+        seen.setdefault(key, nbytes)
+
+
 @contextlib.contextmanager
 def held_arenas() -> Iterator[dict]:
     """Bytes of the kept arenas allocated before this block that calls inside it use (one entry
@@ -84,14 +92,12 @@ class Kept:
 
     def acquire(self) -> list[torch.Tensor]:
         if self.free:
-            for seen in _watchers:  # allocated before the block: held, unseen by its events
-                seen.setdefault(id(self.free[-1]), self.nbytes)
+            note_held(id(self.free[-1]), self.nbytes)
             return self.free.pop()
         arena = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         bufs = [arena[off:off + _extent(shape, stride, dtype)].view(dtype).as_strided(shape, stride)
                 for off, shape, stride, dtype in self.specs]
-        for seen in _watchers:  # allocated inside the block: its allocator events show it
-            seen[id(bufs)] = 0
+        note_held(id(bufs), 0)
         return bufs
 
     def release(self, bufs: list[torch.Tensor]) -> None:

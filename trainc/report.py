@@ -161,19 +161,21 @@ def _step(fn, model, inputs, loss_fn, clear: bool = True) -> None:
 
 def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
     """Peak memory of `run` above what was allocated before it: CUDA's allocator statistics, or
-    on CPU the running sum of the allocator events torch.profiler records, plus the arenas
-    trainc's cpp graphs keep between calls (`cpp_keep_buffers`) that `run` uses: allocated
-    before it, they hold memory all through it."""
+    on CPU the running sum of the allocator events torch.profiler records, plus what trainc
+    graphs that `run` uses hold between calls: the arenas of cpp graphs (`cpp_keep_buffers`)
+    and the private pools of CUDA graphs (`cudagraphs`). Allocated before `run`, they hold
+    memory all through it."""
+    from trainc.codegen.wrapper import held_arenas
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        run()
+        with held_arenas() as held:
+            run()
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - start
+        return torch.cuda.max_memory_allocated(device) - start + sum(held.values())
     from torch.profiler import ProfilerActivity, profile
 
-    from trainc.codegen.wrapper import held_arenas
     with held_arenas() as held, profile(activities=[ProfilerActivity.CPU],
                                         profile_memory=True) as prof:
         run()

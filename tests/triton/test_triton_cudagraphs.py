@@ -54,3 +54,22 @@ def test_cudagraphs_replay_matches_plain_runs_on_gpu():
     for p, q in zip(m2.parameters(), r2.parameters()):
         torch.testing.assert_close(p, q)
     assert [p.data_ptr() for p in m2.parameters()] == ptrs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudagraphs_peak_counts_the_private_pool_on_gpu():
+    """A replay allocates almost nothing; the graph's private pool holds its buffers between
+    calls, and peak_bytes must count it (at least the plain run's peak)."""
+    from trainc.report import peak_bytes
+    lf = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    x, y = torch.randn(256, 16, device="cuda"), torch.randn(256, 4, device="cuda")
+    peaks = {}
+    for graphs in (False, True):
+        m = _mlp().cuda()
+        step = trainc.compile_step(m, lf, torch.optim.SGD(m.parameters(), lr=1e-2),
+                                   backend="triton", cudagraphs=graphs)
+        for _ in range(3):
+            step(x, y)
+        peaks[graphs] = peak_bytes(lambda: step(x, y), torch.device("cuda"))
+    assert peaks[True] >= peaks[False] > 0
