@@ -48,6 +48,10 @@ class Config:
     # ... only kernels that move at least this many bytes: below, a kernel is a few
     # microseconds whatever its launch config, and each candidate is one more Triton compile
     triton_tune_min_bytes: int = 16 << 20
+    # backend="triton" on CUDA: launch a kernel compiled for these arguments through its
+    # launcher directly, not through the JIT's per-call binding (codegen/triton/launch.py
+    # Launcher._run; TRAINC_TRITON_FAST_LAUNCH=0: off)
+    triton_fast_launch: bool = True
     # backend="triton" on CUDA: threads compiling a graph's kernels concurrently at compile
     # time instead of one by one at their first launch (0 or 1: no precompile)
     triton_compile_workers: int = 8
@@ -59,10 +63,11 @@ class Config:
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
     # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
-    # pooling around them follow. None: on for cpp (oneDNN is faster there), off for triton:
-    # on the H200 (session 5) trainc's channels-last convnet was not faster than NCHW, and
-    # cuDNN's NHWC algorithms give a float32 batch-norm gradient 2.2x eager NCHW's error (eager
-    # channels-last: the same), which DESIGN.md's 2x rule against eager NCHW rejects.
+    # pooling around them follow. None: on for cpp (oneDNN is faster there); on triton, on for
+    # convolutions in bfloat16/float16 (cuDNN runs them in NHWC and, given NCHW, converts around
+    # each one: session 6, H200 convnet bf16, peak 991 MiB NCHW vs 735 channels-last) and off
+    # for float32: cuDNN's NHWC algorithms give a float32 batch-norm gradient 2.2x eager NCHW's
+    # error (eager channels-last: the same), which DESIGN.md's 2x rule against eager rejects.
     conv_channels_last: Optional[bool] = None
 
 
@@ -75,6 +80,7 @@ def _env_defaults() -> dict[str, Any]:
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
         "cache_artifacts": os.environ.get("TRAINC_CACHE_ARTIFACTS", "1") not in ("", "0"),
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
+        "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
     }
 

@@ -28,6 +28,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
+_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+
+
+def _low_precision_convolutions(gm: fx.GraphModule) -> bool:
+    """The default of `conv_channels_last` on triton: convolutions computing in bfloat16 or
+    float16 (cuDNN runs those in NHWC and converts NCHW arguments around each one)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _CONVOLUTIONS:
+            v = n.args[0].meta.get("val")  # the input (forward) or the output's gradient
+            if isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16):
+                return True
+    return False
+
+
 class TritonBackend:
     name = "triton"
 
@@ -41,7 +55,10 @@ class TritonBackend:
         if device.type != "cuda" and not interpret:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
-        lowered = lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is True)
+        channels_last = self.config.conv_channels_last
+        if channels_last is None:
+            channels_last = _low_precision_convolutions(gm)
+        lowered = lower(gm, LOWERINGS, is_extern, channels_last)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -140,6 +140,7 @@ class Launcher:
         self.key = hashlib.sha256(ks.source.encode()).hexdigest()[:24]
         self.info = None  # the scheduler's KernelInfo (bytes it must move), set by the backend
         self.dtypes: Optional[tuple] = None  # param dtypes (for precompile), set by the backend
+        self._bins: dict = {}  # specialization -> (compiled kernel, constexpr values): _run
 
     def __call__(self, *args: torch.Tensor) -> None:
         if self.ks.xnumel == 0 and self.ks.mode != "scatter":
@@ -197,20 +198,47 @@ class Launcher:
         if ks.mode == "scatter":
             args = tuple(args) + _scratch(ks, args)
             if ks.xnumel:
-                self.init[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
+                self._run(self.init, _cdiv(ks.xnumel, c.XBLOCK), args, kw)
             if ks.rnumel:
-                self.fn[(_cdiv(ks.rnumel, c.XBLOCK),)](*args, **kw)
+                self._run(self.fn, _cdiv(ks.rnumel, c.XBLOCK), args, kw)
             if ks.xnumel and self.cast is not None:
-                self.cast[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
+                self._run(self.cast, _cdiv(ks.xnumel, c.XBLOCK), args, kw)
             return
         if c.RBLOCK:
             kw["RBLOCK"] = c.RBLOCK
         if ks.mode == "split":
             args = tuple(args) + _scratch(ks, args)
             for fn, programs in self.stages:
-                fn[(programs,)](*args, **kw)
+                self._run(fn, programs, args, kw)
             return
-        self.fn[(_cdiv(ks.xnumel, c.XBLOCK),)](*args, **kw)
+        self._run(self.fn, _cdiv(ks.xnumel, c.XBLOCK), args, kw)
+
+    def _run(self, fn, programs: int, args: tuple, kw: dict) -> None:
+        """fn[(programs,)](*args, **kw). Through the JIT function, a launch costs tens of
+        microseconds of Python (binding, specialization, cache lookup), paid on every kernel of
+        every call. With `triton_fast_launch`, the compiled kernel a JIT launch returns is kept
+        per specialization (every argument is a tensor of the dtype the graph fixed: its
+        16-byte alignment, as Triton specializes it, and the meta-parameters) and later launches
+        call its launcher directly, as Inductor does. Launch hooks (profilers) take the JIT
+        path."""
+        hooks = _launch_hooks() if self.cuda and self.config.triton_fast_launch else None
+        if hooks is None:
+            fn[(programs,)](*args, **kw)
+            return
+        drv = _driver()
+        device = drv.get_current_device()
+        key = (id(fn), device, *kw.values(), *[a.data_ptr() % 16 == 0 for a in args])
+        hit = self._bins.get(key)
+        if hit is None:
+            kernel = fn[(programs,)](*args, **kw)
+            names = getattr(fn, "arg_names", None)
+            if (kernel is not None and names is not None and len(names) >= len(args)
+                    and all(n in kw for n in names[len(args):])):
+                self._bins[key] = (kernel, tuple(kw[n] for n in names[len(args):]))
+            return
+        kernel, consts = hit
+        kernel.run(programs, 1, 1, drv.get_current_stream(device), kernel.function,
+                   kernel.packed_metadata, None, *hooks, *args, *consts)
 
     def _choose(self, args) -> LaunchConfig:
         tunable = (self._tunes() and not self.interpret and
@@ -300,6 +328,37 @@ def _quiet(job) -> None:
         job()
     except Exception:  # noqa: BLE001
         pass
+
+
+_HOOKS: Optional[Callable[[], tuple]] = None
+
+
+def _launch_hooks() -> Optional[tuple]:
+    """Triton's launch hooks as its JIT passes them to a kernel's launcher, or None when a hook
+    is installed (e.g. a profiler: launches then go through the JIT). Triton 3.9 keeps them in
+    hook chains (empty: none installed), older versions as a function or None."""
+    global _HOOKS
+    if _HOOKS is None:
+        try:
+            from triton import knobs
+            rt = knobs.runtime
+            _HOOKS = lambda: (rt.launch_enter_hook, rt.launch_exit_hook)
+        except ImportError:
+            from triton.compiler import CompiledKernel as ck
+            _HOOKS = lambda: (getattr(ck, "launch_enter_hook", None),
+                              getattr(ck, "launch_exit_hook", None))
+    enter, leave = _HOOKS()
+    if (enter is not None and getattr(enter, "calls", True)) or (
+            leave is not None and getattr(leave, "calls", True)):
+        return None
+    return enter, leave
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    """Triton's active driver (current device and stream, as its JIT launches read them)."""
+    from triton.runtime import driver
+    return driver.active
 
 
 def _cdiv(a: int, b: int) -> int:

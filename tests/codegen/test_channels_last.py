@@ -45,12 +45,15 @@ def test_convolutions_take_channels_last_and_the_backward_copies_nothing(backend
     assert_grads_match(_net(), [x], backend=backend, conv_channels_last=True)
 
 
-def test_default_is_channels_last_for_cpp_only(tmp_path):
+def test_default_is_channels_last_for_cpp_and_16_bit_triton(tmp_path):
     x = torch.randn(2, 3, 8, 8)
     assert CL_ARG.search(_sources(_net(), x, tmp_path / "cpp", backend="cpp")["30_fwd_wrapper.py"])
     pytest.importorskip("triton")
     assert not CL_ARG.search(_sources(_net(), x, tmp_path / "triton",
                                       backend="triton")["30_fwd_wrapper.py"])
+    src = _sources(_net().to(torch.bfloat16), x.to(torch.bfloat16), tmp_path / "bf16",
+                   backend="triton")
+    assert CL_ARG.search(src["30_fwd_wrapper.py"]) and CL_ARG.search(src["31_bwd_wrapper.py"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
