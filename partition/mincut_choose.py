@@ -1,5 +1,6 @@
 """The min-cut partitioner: without a budget, the fewest saved bytes that recompute no expensive
-op; with one, the least recompute whose simulated peak memory fits (see budget.py)."""
+op ("bytes") or the least saved bytes + recompute cost ("balanced", Config.partition_objective);
+with one, the least recompute whose simulated peak memory fits (see budget.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -20,11 +21,20 @@ def default_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
     return min_cut(joint, costs, save_weight=big, recompute_weight=1, under_budget=False)
 
 
+def balanced_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
+    """Saved bytes and recompute cost weighed alike (recompute in byte-equivalents)."""
+    return min_cut(joint, costs, save_weight=1, recompute_weight=1, under_budget=False)
+
+
+OBJECTIVES = {"bytes": default_saved, "balanced": balanced_saved}
+
+
 def choose_mincut(joint: JointGraph, costs: CostModel,
                   config: Config) -> tuple[list[fx.Node], str, Optional[str]]:
-    saved = default_saved(joint, costs)
     if config.memory_budget is None:
-        return saved, "default", None
+        objective = config.partition_objective or "bytes"
+        return OBJECTIVES[objective](joint, costs), "default", None
+    saved = default_saved(joint, costs)
     plans = budget_plans(joint, costs, saved)
     best, note = B.choose(plans, plans[0], config.memory_budget,
                           f"a graph of {len(joint.gm.graph.nodes)} nodes")

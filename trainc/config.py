@@ -23,6 +23,14 @@ class Config:
     partitioner: str = "mincut"
     # Save policy (trainc.partition.policy.SavePolicy): which ops may be recomputed; None: default.
     policy: Optional[Any] = None
+    # What the min-cut minimizes without a memory budget: "bytes" (the fewest saved bytes,
+    # recompute cost breaking ties) or "balanced" (saved bytes + recompute cost, FLOPs at one
+    # byte each). None: "balanced" on the cpp backend for graphs without convolutions or
+    # pooling, else "bytes". On the 2-core CPU box (session 6, interleaved) balanced was faster
+    # on normact (0.50 vs 0.65 ms) and mlp (12.4 vs 13.3), equal on gpt, and slower on convnet
+    # (4.3 vs 3.0: its backward then keeps uint8 masks and int64 pooling indices, and GCC does
+    # not vectorize the 16-channel loops that mix them). On GPUs recompute is cheap: bytes.
+    partition_objective: Optional[str] = None
     debug: bool = False  # TRAINC_DEBUG=1: one summary line per compile
     debug_dir: Optional[str] = None  # TRAINC_DEBUG_DIR: dump every stage as runnable Python
     # backend="cpp": compiler (TRAINC_CXX), its flags (TRAINC_CPP_FLAGS) and the on-disk cache
@@ -94,6 +102,10 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if backend not in BACKENDS:
         raise ValueError(f"trainc: backend must be one of {BACKENDS}, got {backend!r}")
     _check_budget(memory_budget)
+    objective = options.get("partition_objective")
+    if objective not in (None, "bytes", "balanced"):
+        raise ValueError(f"trainc: partition_objective must be None, 'bytes' or 'balanced', "
+                         f"got {objective!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
     return Config(**values)
 

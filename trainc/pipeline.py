@@ -33,11 +33,12 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
-    part = partition(joint, config) if joint.signature.training else None
+    backend = get_backend(config.backend, _device(args), config)
+    part = partition(joint, _objective(config, joint.gm, backend.name)) \
+        if joint.signature.training else None
     post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
     bwd_gm = run_passes(part.bwd, post) if part else None
-    backend = get_backend(config.backend, _device(args), config)
     fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
     if bwd_gm is not None:
         _saved_layouts(fwd, bwd_gm, joint.signature.num_fwd_outputs)
@@ -49,6 +50,20 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     artifact_cache.store(key, art, record, config)
     records.publish(record, config)
     return art
+
+
+_CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")
+
+
+def _objective(config: Config, gm: fx.GraphModule, backend: str) -> Config:
+    """Config with the partition objective resolved (Config.partition_objective: None means
+    "balanced" on cpp for graphs without convolutions or pooling, else "bytes")."""
+    if config.partition_objective is not None:
+        return config
+    conv = any(n.op == "call_function" and any(k in str(n.target) for k in _CONV_OR_POOL)
+               for n in gm.graph.nodes)
+    objective = "balanced" if backend == "cpp" and not conv else "bytes"
+    return dataclasses.replace(config, partition_objective=objective)
 
 
 def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:
