@@ -230,7 +230,7 @@ class GraphLowering:
         conv = lambda a: self.tensor_arg(a) if isinstance(a, TensorValue) else a
         args = _map(conv, args)
         kwargs = {k: _map(conv, v) for k, v in kwargs.items()}
-        if target in _CONVS:  # its result's layout follows its arguments' (channels-last)
+        if target in CONVOLUTIONS:  # its result's layout follows its arguments' (channels-last)
             result = self._result_for_layouts(target, args, kwargs, result)
         flat = result if isinstance(result, (list, tuple)) else [result]
         names, values = [], []
@@ -371,7 +371,7 @@ class GraphLowering:
         if target is _getitem:
             return args[0][args[1]]
         if isinstance(target, torch._ops.OpOverload) and is_extern(target):
-            if self.channels_last and target in _CONVS:
+            if self.channels_last and target in CONVOLUTIONS:
                 args = self._conv_args(target, args)
             return self.call("extern", target, args, kwargs, node.meta.get("val"))
         fn = lowerings.get(target)
@@ -440,7 +440,7 @@ def _crosses(node: fx.Node) -> bool:
 
 _getitem = __import__("operator").getitem
 aten = torch.ops.aten
-_CONVS = (aten.convolution.default, aten.convolution_backward.default)
+CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 
 
 def _channels_last(shape) -> tuple[int, ...]:

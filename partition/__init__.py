@@ -6,7 +6,6 @@ the rest, so every partitioner yields graphs of the same layout (trainc/graph.py
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -22,10 +21,6 @@ from trainc.partition.mincut_choose import choose_mincut
 from trainc.partition.policy import SavePolicy
 from trainc.partition.save_all import choose_save_all
 from trainc.partition.split import split_joint
-
-# The balanced objective's recompute cost: one FLOP per byte (measured on the 2-core CPU box,
-# session 5: the policy's GPU-like 32 made recompute look free next to saving)
-BALANCED_FLOPS_PER_BYTE = 1.0
 
 Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[str]]]
 
@@ -90,9 +85,6 @@ def partition(joint: JointGraph, config: Config) -> Partition:
         raise ValueError(f"trainc: unknown partitioner {config.partitioner!r}; "
                          f"known: {sorted(PARTITIONERS)}")
     policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
-    objective = getattr(config, "partition_objective", None)  # validated in make_config
-    if objective == "balanced" and config.memory_budget is None:
-        policy = dataclasses.replace(policy, flops_per_byte=BALANCED_FLOPS_PER_BYTE)
     costs = CostModel(joint.gm, policy)
     saved, mode, note = PARTITIONERS[config.partitioner](joint, costs, config)
     return build_partition(joint, costs, saved, mode, note)

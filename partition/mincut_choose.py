@@ -3,6 +3,7 @@ op ("bytes") or the least saved bytes + recompute cost ("balanced", Config.parti
 with one, the least recompute whose simulated peak memory fits (see budget.py)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch.fx as fx
@@ -21,8 +22,16 @@ def default_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
     return min_cut(joint, costs, save_weight=big, recompute_weight=1, under_budget=False)
 
 
+# The balanced objective's recompute cost: one FLOP per byte (measured on the 2-core CPU box,
+# session 5: the policy's GPU-like 32 made recompute look free next to saving)
+BALANCED_FLOPS_PER_BYTE = 1.0
+
+
 def balanced_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
-    """Saved bytes and recompute cost weighed alike (recompute in byte-equivalents)."""
+    """Saved bytes and recompute cost weighed alike (recompute in byte-equivalents, FLOPs at
+    BALANCED_FLOPS_PER_BYTE)."""
+    costs = CostModel(joint.gm, dataclasses.replace(costs.policy,
+                                                    flops_per_byte=BALANCED_FLOPS_PER_BYTE))
     return min_cut(joint, costs, save_weight=1, recompute_weight=1, under_budget=False)
 
 

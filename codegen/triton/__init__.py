@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.split_reductions import split_reductions
-from trainc.codegen.graph import CallNode, lower
+from trainc.codegen.graph import CONVOLUTIONS, CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.storage import plan_storage
@@ -28,14 +28,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
-_CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
-
-
 def _low_precision_convolutions(gm: fx.GraphModule) -> bool:
     """The default of `conv_channels_last` on triton: convolutions computing in bfloat16 or
     float16 (cuDNN runs those in NHWC and converts NCHW arguments around each one)."""
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in _CONVOLUTIONS:
+        if n.op == "call_function" and n.target in CONVOLUTIONS:
             v = n.args[0].meta.get("val")  # the input (forward) or the output's gradient
             if isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16):
                 return True
