@@ -6,8 +6,9 @@ vs trainc.compile_step, in one process per shard, interleaved, median of many st
 
 Modes: eager_foreach (AdamW foreach), eager_fused (AdamW fused=True), inductor (torch.compile of
 the model, of the loss, and of optimizer.step), inductor_loss (model and loss in one compiled
-function, optimizer.step compiled), trainc (trainc.compile_step), trainc_cudagraphs (the same with
-cudagraphs=True; CUDA only, not in the default modes), and on --budget-models only:
+function, optimizer.step compiled), trainc (trainc.compile_step, default options: on CUDA it
+replays a CUDA graph), trainc_cudagraphs / trainc_nographs (the same with cudagraphs=True /
+False; not in the default modes), and on --budget-models only:
 inductor_budget (the inductor arrangement under PyTorch's activation_memory_budget=--budget),
 trainc_budget (compile_step with memory_budget=--budget). Per row: median step ms, peak MiB above
 the starting allocation (CUDA: allocator statistics; CPU: torch.profiler allocator events; plus
@@ -44,7 +45,8 @@ import trainc  # noqa: E402
 from trainc.report import peak_bytes  # noqa: E402
 
 MODES = ("eager_foreach", "eager_fused", "inductor", "inductor_loss", "trainc",
-         "trainc_cudagraphs", "inductor_budget", "trainc_budget")
+         "trainc_cudagraphs", "trainc_nographs", "inductor_budget", "trainc_budget")
+VARIANTS = ("trainc_cudagraphs", "trainc_nographs")  # not in the default modes
 COMPILED = ("inductor", "inductor_loss")  # the torch.compile arrangements trainc is held against
 TINY = {"mlp": dict(d=32, depth=2, batch=16),
         "gpt": dict(vocab=64, d=32, heads=2, layers=1, seq=16, batch=2),
@@ -58,7 +60,8 @@ def make_step(mode: str, model, loss, args):
     if mode.startswith("trainc"):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         budget = args.budget if mode == "trainc_budget" else None
-        extra = {"cudagraphs": True} if mode == "trainc_cudagraphs" else {}
+        extra = {"trainc_cudagraphs": {"cudagraphs": True},
+                 "trainc_nographs": {"cudagraphs": False}}.get(mode, {})
         return trainc.compile_step(model, lf, opt, backend=args.backend, memory_budget=budget,
                                    **extra)
     fused = mode == "eager_fused"
@@ -221,14 +224,15 @@ def _summary(rows: list[dict], get: dict) -> list[str]:
     for dt, v in list(ratios.items()) + [("all", everything)]:
         out.append(f"- geomean trainc / best torch.compile ({dt}, {len(v)} models): time "
                    f"{_geo([a for a, _ in v]):.2f}x, peak {_geo([b for _, b in v]):.2f}x")
-    graphs = [(get[(n, d, "trainc_cudagraphs")]["step_ms"] / min(c["step_ms"] for c in comp))
-              for n, d in dict.fromkeys((r["model"], r["dtype"]) for r in rows)
-              for comp in [[c for c in (get.get((n, d, m)) for m in COMPILED)
-                            if c is not None and not c.get("error")]]
-              if comp and not get.get((n, d, "trainc_cudagraphs"), {"error": 1}).get("error")]
-    if graphs:
-        out.append(f"- geomean trainc_cudagraphs / best torch.compile ({len(graphs)} rows): "
-                   f"time {_geo(graphs):.2f}x")
+    for variant in VARIANTS:
+        r = [(get[(n, d, variant)]["step_ms"] / min(c["step_ms"] for c in comp))
+             for n, d in dict.fromkeys((r["model"], r["dtype"]) for r in rows)
+             for comp in [[c for c in (get.get((n, d, m)) for m in COMPILED)
+                           if c is not None and not c.get("error")]]
+             if comp and not get.get((n, d, variant), {"error": 1}).get("error")]
+        if r:
+            out.append(f"- geomean {variant} / best torch.compile ({len(r)} rows): "
+                       f"time {_geo(r):.2f}x")
     return out
 
 
@@ -343,7 +347,7 @@ def main() -> None:
     ap.add_argument("--scale", default="cpu", help="cpu | gpu | tiny")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--modes", default=",".join(m for m in MODES if m != "trainc_cudagraphs"))
+    ap.add_argument("--modes", default=",".join(m for m in MODES if m not in VARIANTS))
     ap.add_argument("--backend", default="auto", help="trainc backend")
     ap.add_argument("--budget", type=float, default=0.0,
                     help="memory budget of the *_budget modes (trainc memory_budget and "

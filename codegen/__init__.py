@@ -75,11 +75,16 @@ BACKENDS: dict[str, Callable[[Optional["Config"]], Backend]] = {
     "aten": AtenBackend, "cpp": _cpp_backend, "triton": _triton_backend}
 
 
-def get_backend(name: str, device: torch.device, config: Optional["Config"] = None) -> Backend:
-    """Resolve "auto" (cpp on CPU, triton on CUDA, falling back to aten until those exist)."""
+def backend_name(name: str, device: torch.device) -> str:
+    """Resolve "auto": cpp on CPU, triton on CUDA."""
     if name == "auto":
         preferred = "triton" if device.type == "cuda" else "cpp"
         name = preferred if preferred in BACKENDS else "aten"
+    return name
+
+
+def get_backend(name: str, device: torch.device, config: Optional["Config"] = None) -> Backend:
+    name = backend_name(name, device)
     if name not in BACKENDS:
         raise NotImplementedError(f"trainc: backend {name!r} is not implemented yet; "
                                   f"available: {sorted(BACKENDS)}")
@@ -90,16 +95,16 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
             raise UnsupportedError(
                 f"trainc: cudagraphs=True replays CUDA graphs and needs CUDA tensors; this graph "
                 f"runs on {device.type} (backend {name!r}): drop the option on this device")
-        backend = _CudaGraphs(backend)
+        backend = _CudaGraphs(backend, auto=config.cudagraphs == "auto")
     return backend
 
 
 class _CudaGraphs:
     """Any backend, its compiled graphs replayed as CUDA graphs."""
 
-    def __init__(self, inner: Backend):
-        self.inner, self.name = inner, inner.name
+    def __init__(self, inner: Backend, auto: bool = False):
+        self.inner, self.name, self.auto = inner, inner.name, auto
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         from trainc.codegen.cudagraphs import with_cudagraphs
-        return with_cudagraphs(self.inner.compile(gm, example_inputs))
+        return with_cudagraphs(self.inner.compile(gm, example_inputs), gm, self.auto)

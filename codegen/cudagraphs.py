@@ -1,34 +1,59 @@
-"""CompiledGraph -> the same graph replayed as a CUDA graph (options={"cudagraphs": True}).
+"""CompiledGraph -> the same graph replayed as a CUDA graph (options={"cudagraphs": True}; the
+default for compile_step on CUDA).
 
-Call 1 runs normally (compiles, autotunes). Call 2 captures: inputs whose address did not change
-between calls (parameters, optimizer state) are captured in place; the others get static buffers
-that each replay copies into. Outputs in the graph's private pool are cloned (a later replay
-would overwrite them). A stable input that moves triggers a re-capture (at most MAX_CAPTURES).
-The private pool holds the graph's buffers between replays: `held_bytes` (the segments of that
-pool) is what trainc.report.peak_bytes adds for a run that replays it.
+Call 1 runs normally (compiles, autotunes). Call 2 captures. Inputs that keep their memory from
+call to call (parameters, buffers, optimizer state) are captured in place; the others (the
+batch, CPU scalars such as hyperparameters, step counts and the RNG seed) get static buffers
+that each replay copies into, the CPU scalars in one host-to-device copy per dtype. Which inputs
+stay put: the graph says so when its producer marked them (`mark_static_inputs`, compile_step
+and the forward of trainc.compile do); else inputs whose address did not change between calls 1
+and 2 are taken as staying. A captured-in-place input that moves triggers a re-capture (at most
+MAX_CAPTURES, then plain runs). Outputs in the graph's pool are cloned (a later replay would
+overwrite them). The pool holds the graph's buffers between replays: `held_bytes` (the segments
+of that pool, as the allocator reserved them: more than the live peak when large buffers of
+mixed sizes fragment it) is what trainc.report.peak_bytes adds for a run that replays it.
+
+compile_step's default ("auto"): a step whose copied inputs outweigh its launches is not captured
+(`worth_it`). Each graph has a private pool: a step that sees two batch shapes holds two.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
+import torch.fx as fx
 
 from trainc.codegen import CompiledGraph
 from trainc.codegen.wrapper import note_held
 
 MAX_CAPTURES = 3
+COPY_BYTES_PER_LAUNCH = 4 << 20  # ~ the time of one launch's host work, as bytes of copy
+STATIC_INPUTS = "trainc_static_inputs"  # gm.meta key: names of placeholders that stay put
+
+
+def mark_static_inputs(gm: fx.GraphModule, names: Iterable[str]) -> fx.GraphModule:
+    """Declare which placeholders keep their memory between calls (the rest are copied into
+    static buffers on every replay, however stable their address looks)."""
+    gm.meta[STATIC_INPUTS] = frozenset(names)
+    return gm
 
 
 class CudaGraphRunner:
-    def __init__(self, run):
+    def __init__(self, run, static: Optional[list[bool]] = None,
+                 launches: Optional[int] = None):
         self.inner = run
+        self.launches = launches  # kernels per call; None: always capture (cudagraphs=True)
+        self.declared = static  # per input: stays put (None: judge by address)
         self.calls = self.captures = 0
         self.first_ptrs: Optional[list] = None
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         self.stable: list[bool] = []
-        self.ptrs: list = []
+        self.ptrs: list = []  # data_ptr of each captured-in-place input
         self.static: list = []
+        self.copied: list[int] = []  # CUDA inputs copied into static buffers per replay
+        self.host: list[tuple[list[int], torch.Tensor]] = []  # CPU scalars: (positions, buffer)
         self.outs: list = []
+        self.keep: set = set()
         self.held_bytes = 0
         self.note = "not captured yet"
 
@@ -37,22 +62,43 @@ class CudaGraphRunner:
         if self.calls == 1 or self.captures >= MAX_CAPTURES:
             self.first_ptrs = _ptrs(args)
             return self.inner(args)
+        if self.graph is None and not self.worth_it(args):
+            self.captures = MAX_CAPTURES  # plain runs from now on
+            return self.inner(args)
         if self.graph is None or self._moved(args):
             self._capture(args)
         else:
             self._copy_in(args)
             note_held(id(self), self.held_bytes)
         self.graph.replay()
-        keep = {p for p, s in zip(self.ptrs, self.stable) if s and p is not None}
-        return [o.clone() if isinstance(o, torch.Tensor) and o.data_ptr() not in keep else o
-                for o in self.outs]
+        return [o.clone() if isinstance(o, torch.Tensor) and o.data_ptr() not in self.keep
+                else o for o in self.outs]
+
+    def worth_it(self, args: list) -> bool:
+        """A replay saves the host time of each launch (a few microseconds) and costs a copy of
+        every input that does not stay put. Inputs of more than COPY_BYTES_PER_LAUNCH per
+        kernel: not worth it (H200, normact float32 step: 3 kernels, a 512 MiB batch, 3.12 ms
+        plain vs 3.47 ms replayed)."""
+        if self.launches is None:
+            return True
+        declared = self.declared or [False] * len(args)
+        copied = sum(a.nbytes for a, s in zip(args, declared)
+                     if isinstance(a, torch.Tensor) and a.is_cuda and not s)
+        if copied <= COPY_BYTES_PER_LAUNCH * max(self.launches, 1):
+            return True
+        self.note = (f"not captured: it would copy {copied >> 20} MiB of inputs per call for "
+                     f"{self.launches} kernels")
+        return False
 
     def _capture(self, args: list) -> None:
         now = _ptrs(args)
-        self.stable = [isinstance(a, torch.Tensor) and a.is_cuda and p == q
-                       for a, p, q in zip(args, now, self.first_ptrs or now)]
-        self.static = [a if s or not isinstance(a, torch.Tensor) else _static_like(a)
+        first = self.first_ptrs or now
+        self.stable = [isinstance(a, torch.Tensor) and a.is_cuda and
+                       (self.declared[i] if self.declared is not None else now[i] == first[i])
+                       for i, a in enumerate(args)]
+        self.static = [a if s or not isinstance(a, torch.Tensor) else None
                        for a, s in zip(args, self.stable)]
+        self._static_buffers(args)
         self._copy_in(args)
         torch.cuda.synchronize()
         note_held(id(self), 0)  # captured inside a measured block: its allocations show
@@ -60,20 +106,43 @@ class CudaGraphRunner:
         with torch.cuda.graph(self.graph):
             self.outs = self.inner(list(self.static))
         self.held_bytes = _pool_bytes(self.graph.pool())
-        self.ptrs = [p if s else None for p, s in zip(now, self.stable)]
+        self.ptrs = [p for p, s in zip(now, self.stable) if s]
+        self.keep = set(self.ptrs)
         self.first_ptrs = now
         self.captures += 1
         self.note = (f"captured {self.captures}x; {sum(self.stable)} inputs in place, "
-                     f"{sum(1 for a, s in zip(args, self.stable) if not s and _t(a))} copied")
+                     f"{len(self.copied) + sum(len(p) for p, _ in self.host)} copied")
+
+    def _static_buffers(self, args: list) -> None:
+        """CUDA buffers for the inputs a replay copies in: one per CUDA input; the CPU scalars
+        of each dtype are views into one buffer, so their upload is one copy."""
+        self.copied, groups = [], {}
+        for i, (a, s) in enumerate(zip(args, self.stable)):
+            if s or not isinstance(a, torch.Tensor):
+                continue
+            if not a.is_cuda and a.numel() == 1:
+                groups.setdefault(a.dtype, []).append(i)
+                continue
+            self.static[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype,
+                                                 device="cuda")
+            self.copied.append(i)
+        self.host = []
+        for dtype, pos in groups.items():
+            buf = torch.empty(len(pos), dtype=dtype, device="cuda")
+            for j, i in enumerate(pos):
+                self.static[i] = buf[j].view(args[i].shape)
+            self.host.append((pos, buf))
 
     def _moved(self, args: list) -> bool:
         """A captured-in-place input is another tensor now: the graph would read stale memory."""
-        return any(s and _ptrs([a])[0] != p for a, s, p in zip(args, self.stable, self.ptrs))
+        now = [a.data_ptr() for a, s in zip(args, self.stable) if s]
+        return now != self.ptrs
 
     def _copy_in(self, args: list) -> None:
-        for a, s, st in zip(args, self.stable, self.static):
-            if not s and isinstance(a, torch.Tensor):
-                st.copy_(a)
+        for i in self.copied:
+            self.static[i].copy_(args[i])
+        for pos, buf in self.host:  # pageable source: staged by the driver, no sync
+            buf.copy_(torch.stack([args[i].reshape(()) for i in pos]), non_blocking=True)
 
 
 def _pool_bytes(pool) -> int:
@@ -82,21 +151,18 @@ def _pool_bytes(pool) -> int:
                if tuple(seg.get("segment_pool_id", ())) == tuple(pool))
 
 
-def _t(a) -> bool:
-    return isinstance(a, torch.Tensor)
-
-
 def _ptrs(args: list) -> list:
     return [a.data_ptr() if isinstance(a, torch.Tensor) and a.is_cuda else None for a in args]
 
 
-def _static_like(a: torch.Tensor) -> torch.Tensor:
-    """A CUDA buffer for an input that moves between calls (CPU scalars such as the RNG seed
-    and hyperparameters included: a replay can only read device memory)."""
-    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda")
-
-
-def with_cudagraphs(compiled: CompiledGraph) -> CompiledGraph:
-    runner = CudaGraphRunner(compiled.run)
+def with_cudagraphs(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None,
+                    auto: bool = False) -> CompiledGraph:
+    """`auto` (the default cudagraphs of compile_step): capture only when the launches a replay
+    saves outweigh the inputs it copies in (see CudaGraphRunner.worth_it)."""
+    static = None
+    if gm is not None and STATIC_INPUTS in gm.meta:
+        names = gm.meta[STATIC_INPUTS]
+        static = [n.name in names for n in gm.graph.nodes if n.op == "placeholder"]
+    runner = CudaGraphRunner(compiled.run, static, len(compiled.kernels) if auto else None)
     extra = dict(compiled.extra, cudagraphs=runner)
     return CompiledGraph(runner, compiled.kernels, compiled.fallback_ops, compiled.source, extra)

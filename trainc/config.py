@@ -65,8 +65,13 @@ class Config:
     triton_compile_workers: int = 8
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
-    # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only
-    cudagraphs: bool = False
+    # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only.
+    # None: on for compile_step on CUDA with the triton backend (its parameters, buffers and
+    # optimizer state stay put, so a replay copies in only the batch and the CPU scalars), off
+    # for trainc.compile (a replay would clone every saved activation out of the graph's pool).
+    # TRAINC_CUDAGRAPHS=0/1 overrides the default. The default capture is skipped for a step
+    # whose copied inputs outweigh its launches (codegen/cudagraphs.py worth_it).
+    cudagraphs: Optional[Union[bool, str]] = None
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
@@ -90,6 +95,7 @@ def _env_defaults() -> dict[str, Any]:
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
         "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
+        "cudagraphs": {"0": False, "1": True}.get(os.environ.get("TRAINC_CUDAGRAPHS", "")),
     }
 
 
@@ -106,6 +112,9 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if objective not in (None, "bytes", "balanced"):
         raise ValueError(f"trainc: partition_objective must be None, 'bytes' or 'balanced', "
                          f"got {objective!r}")
+    if options.get("cudagraphs") not in (None, True, False):
+        raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
+                         f"{options['cudagraphs']!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
     return Config(**values)
 

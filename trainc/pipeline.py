@@ -10,6 +10,7 @@ import torch.fx as fx
 
 from trainc import artifact_cache, debug, records
 from trainc.codegen import get_backend
+from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
@@ -39,10 +40,13 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
     bwd_gm = run_passes(part.bwd, post) if part else None
-    fwd = backend.compile(fwd_gm, _example_inputs(fwd_gm))
+    stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,
+                                                                   InputKind.BUFFER)]
+    fwd = backend.compile(mark_static_inputs(fwd_gm, stays), _example_inputs(fwd_gm))
     if bwd_gm is not None:
         _saved_layouts(fwd, bwd_gm, joint.signature.num_fwd_outputs)
-    bwd = backend.compile(bwd_gm, _example_inputs(bwd_gm)) if bwd_gm is not None else None
+    bwd = backend.compile(mark_static_inputs(bwd_gm, ()), _example_inputs(bwd_gm)) \
+        if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)

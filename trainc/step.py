@@ -17,7 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trainc import attention, debug, decomps, records, rng
-from trainc.codegen import CompiledGraph, get_backend
+from trainc.codegen import CompiledGraph, backend_name, get_backend
+from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph
@@ -158,7 +159,8 @@ class CompiledStep:
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = run_passes(mark_mutable_inputs(gm, sig), POST_GRAD_PASSES)
-        backend = get_backend(self.config.backend, _device(flat), self.config)
+        backend = get_backend(self.config.backend, _device(flat), self._graph_config(flat))
+        mark_static_inputs(gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
         compiled = backend.compile(gm, [n.meta.get("val") for n in gm.graph.nodes
                                         if n.op == "placeholder"])
         dump.graph("30_step.py", gm, "whole step graph given to the backend")
@@ -169,6 +171,16 @@ class CompiledStep:
         records.publish(dataclasses.replace(rec, mode="step"), self.config)
         tangent = torch.ones((), device=_device(flat)) if budget else None
         return _Compiled(layout, compiled, sig, accumulate, tangent)
+
+    def _graph_config(self, flat: list) -> Config:
+        """Config.cudagraphs None: replay the step as a CUDA graph on CUDA with the triton
+        backend. A whole step is the case CUDA graphs suit: everything but the batch and a few
+        CPU scalars stays put between calls, and launches are a large share of a step."""
+        if self.config.cudagraphs is not None:
+            return self.config
+        device = _device(flat)
+        on = device.type == "cuda" and backend_name(self.config.backend, device) == "triton"
+        return dataclasses.replace(self.config, cudagraphs="auto" if on else False)
 
     def _used_params(self, batch) -> list[int]:
         """Indices of parameters that receive a gradient (eager skips the others entirely)."""
@@ -300,6 +312,9 @@ class CompiledStep:
             # LR schedulers check this flag to warn about calling them before optimizer.step().
             self.optimizer._opt_called = True  # type: ignore[attr-defined]
         return loss
+
+
+_STAYS_PUT = (InputKind.PARAM, InputKind.BUFFER, InputKind.STATE)
 
 
 def _clip(grads: list, max_norm: float) -> list:

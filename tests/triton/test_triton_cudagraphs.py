@@ -73,3 +73,127 @@ def test_cudagraphs_peak_counts_the_private_pool_on_gpu():
             step(x, y)
         peaks[graphs] = peak_bytes(lambda: step(x, y), torch.device("cuda"))
     assert peaks[True] >= peaks[False] > 0
+
+
+def test_static_inputs_are_declared_by_the_graph():
+    """compile_step declares parameters, buffers and optimizer state as staying put; the batch
+    and CPU scalars are copied in (CPU: checked on the graph given to the backend)."""
+    from trainc.codegen.cudagraphs import STATIC_INPUTS
+    seen = {}
+    import trainc.step as step_mod
+    real = step_mod.get_backend
+
+    def spy(name, device, config=None):
+        backend = real(name, device, config)
+        inner = backend.compile
+
+        def compile(gm, example_inputs):
+            seen["static"] = gm.meta.get(STATIC_INPUTS)
+            seen["placeholders"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+            return inner(gm, example_inputs)
+        backend.compile = compile
+        return backend
+    model = _mlp()
+    step = trainc.compile_step(model, lambda m, x: m(x).sum(),
+                               torch.optim.AdamW(model.parameters(), lr=0.1), backend="aten")
+    step_mod.get_backend = spy
+    try:
+        step(torch.randn(3, 16))
+    finally:
+        step_mod.get_backend = real
+    n_params = len(list(model.parameters()))
+    static = seen["static"]
+    # the parameters and their step, exp_avg and exp_avg_sq stay put (the runner still copies
+    # the CPU step counts in: only CUDA inputs are captured in place); the hyperparameters and
+    # the batch do not
+    assert len(static) == 4 * n_params
+    assert seen["placeholders"][-1] not in static
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compile_step_replays_a_cuda_graph_by_default_on_gpu():
+    """Default options on CUDA: one capture however the batch tensors move, LR scheduler
+    changes and dropout seeds reach the replays, and the results match cudagraphs=False."""
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                   torch.nn.Dropout(0.2), torch.nn.Linear(32, 4)).cuda()
+    lf = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    runs = {}
+    for graphs in (None, False):
+        m = build()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        options = {} if graphs is None else {"cudagraphs": graphs}
+        step = trainc.compile_step(m, lf, opt, backend="triton", **options)
+        torch.manual_seed(1)
+        losses = []
+        for i in range(7):
+            x = torch.randn(8 + 0 * i, 16, device="cuda")  # a new tensor (address) each step
+            y = torch.randn(8, 4, device="cuda")
+            losses.append(step(x, y))
+            sched.step()
+        runs[graphs] = (losses, [p.detach().clone() for p in m.parameters()],
+                        [s["exp_avg_sq"].clone() for s in opt.state.values()], step)
+    for a, b in zip(runs[None][0], runs[False][0]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(runs[None][1] + runs[None][2], runs[False][1] + runs[False][2]):
+        torch.testing.assert_close(a, b)
+    (comp,) = {id(c): c for c in runs[None][3].cache.values()}.values()
+    runner = comp.graph.extra["cudagraphs"]
+    assert runner.captures == 1 and runner.calls == 7
+    assert "cudagraphs" not in next(iter(runs[False][3].cache.values())).graph.extra
+
+
+def test_cudagraphs_option_is_validated():
+    with pytest.raises(ValueError, match="cudagraphs must be None"):
+        trainc.compile(_mlp(), cudagraphs="auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_default_skips_the_graph_when_copies_outweigh_launches_on_gpu():
+    """A step of a few kernels over a large batch: a replay would copy the batch every call
+    for little launch time saved, so the default runs it plainly (cudagraphs=True captures)."""
+    lf = lambda m, x: m(x).square().mean()
+    x = torch.randn(1 << 20, 16, device="cuda")  # 64 MiB
+    notes = {}
+    for option in ({}, {"cudagraphs": True}):
+        m = torch.nn.Linear(16, 4).cuda()
+        step = trainc.compile_step(m, lf, torch.optim.SGD(m.parameters(), lr=1e-3),
+                                   backend="triton", **option)
+        for _ in range(3):
+            step(x)
+        runner = next(iter(step.cache.values())).graph.extra["cudagraphs"]
+        notes[bool(option)] = (runner.graph is not None, runner.note)
+    assert notes[False][0] is False and "not captured" in notes[False][1]
+    assert notes[True][0] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_default_graphs_of_two_batch_shapes_on_gpu():
+    """A step that sees two batch shapes captures two graphs; alternating them matches plain
+    runs."""
+    lf = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    results = {}
+    for option in ({}, {"cudagraphs": False}):
+        m = _mlp().cuda()
+        torch.nn.init.constant_(m[0].weight, 0.01)
+        step = trainc.compile_step(m, lf, torch.optim.SGD(m.parameters(), lr=1e-2,
+                                                          momentum=0.9), backend="triton",
+                                   **option)
+        torch.manual_seed(3)
+        out = []
+        for i in range(8):
+            n = 8 if i % 2 else 5
+            out.append(step(torch.randn(n, 16, device="cuda"), torch.randn(n, 4, device="cuda")))
+        key = "plain" if option else "graphs"
+        results[key] = (out, [p.detach().clone() for p in m.parameters()], step)
+    for a, b in zip(results["graphs"][0] + results["graphs"][1],
+                    results["plain"][0] + results["plain"][1]):
+        torch.testing.assert_close(a, b)
+    runners = [c.graph.extra["cudagraphs"] for c in
+               {id(c): c for c in results["graphs"][2].cache.values()}.values()]
+    assert len(runners) == 2 and all(r.graph is not None for r in runners)

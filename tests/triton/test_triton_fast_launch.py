@@ -34,7 +34,11 @@ def test_fast_launches_match_the_jit_path(cudagraphs):
         for offset in (0, 0, 0, 1, 1, 0):
             args = _inputs(offset)
             for x, y in zip(fast(*args), slow(*args)):
-                torch.testing.assert_close(x, y)  # index_add: atomics
+                if cudagraphs:  # the replay reads a copy of `a` (aligned): another Triton
+                    # specialization, another summation order for a.sum()
+                    torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+                else:
+                    torch.testing.assert_close(x, y)  # index_add: atomics
     finally:
         launch.Launcher._run = orig
     fast_ones = {id(s) for s in seen if s.config.triton_fast_launch and s._bins}
