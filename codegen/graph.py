@@ -391,7 +391,22 @@ class GraphLowering:
         e = v(ir.symbols("t", v.shape))
         if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or _crosses(node) or \
                 (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
-            self.env[node] = self.realize(v)
+            narrow = None if _crosses(node) else self._store_narrow(node, v)
+            self.env[node] = narrow if narrow is not None else self.realize(v)
+
+    def _store_narrow(self, node: fx.Node, v: TensorValue) -> Optional[TensorValue]:
+        """A float32 copy of a bfloat16/float16 value computed here (the upcast a bf16 norm
+        backward starts with): store the 16-bit value and widen it at each load. Widening is
+        exact, so the users read the same numbers at half the bytes, and the kernel storing it
+        writes half (H200 convnet bf16 backward: a 268 MB float32 max-pool gradient)."""
+        from trainc.codegen.lowerings.common import LOW, cast
+        src = node.args[0] if node.target is aten._to_copy.default else None
+        u = self.env.get(src) if isinstance(src, fx.Node) else None
+        if not isinstance(u, TensorValue) or u.view is not None or u.dtype not in LOW or \
+                v.dtype != torch.float32 or u.shape != v.shape:
+            return None
+        stored = self.env[src] = self.realize(u)
+        return TensorValue(v.shape, v.dtype, lambda i: cast(stored(i), torch.float32))
 
     def _output(self, a) -> Any:
         v = self._env(a) if isinstance(a, fx.Node) else a

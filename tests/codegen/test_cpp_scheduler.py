@@ -68,3 +68,17 @@ def test_late_node_does_not_join_an_early_kernel():
         return h, x.sin() * 2  # joining `a`'s kernel would keep this result alive all along
     c = check(f, torch.randn(128, 256), torch.randn(256, 256) / 16, rtol=1e-4, atol=1e-4)
     assert len(c.kernels) == 2  # exp (realized for the first mm) and sin * 2, apart
+
+
+def test_upcast_of_a_stored_16_bit_value_is_stored_narrow():
+    """A float32 copy of a bfloat16 value that must be stored (expensive, two users: a bf16
+    norm backward's upcast gradient) is stored as the bfloat16 value and widened at each load:
+    the same numbers, half the bytes written."""
+    def f(x, w):
+        g = ((x * 3).exp().sin().cos() * w + x.sqrt()).to(torch.float32)
+        return g.sum(0), g * g.mean(0)
+    x, w = torch.rand(64, 48).bfloat16(), torch.rand(48).bfloat16()
+    c = check(f, x, w, atol=1e-5)
+    written = sum(k.bytes_written for k in c.kernels)
+    # the stored g (2 bytes per element), the product output (4) and the sums
+    assert written < 64 * 48 * (2 + 4) + 4 * 48 * 8, written

@@ -80,6 +80,16 @@ def test_low_precision_pointwise_and_reduction():
     check(f, a, b, rtol=2e-2, atol=2e-2)
 
 
+def test_upcast_of_a_stored_bf16_value_is_stored_narrow():
+    """The float32 copy of an expensive bf16 value with two users is stored as bf16 and
+    widened at each load (exact: the results equal eager's to float32 rounding)."""
+    def f(x, w):
+        g = ((x * 3).exp().sin().cos() * w + x.sqrt()).to(torch.float32)
+        return g.sum(0), g * g.mean(0)
+    c = check(f, torch.rand(64, 48).bfloat16(), torch.rand(48).bfloat16(), atol=1e-5)
+    assert sum(k.bytes_written for k in c.kernels) < 64 * 48 * (2 + 4) + 4 * 48 * 8
+
+
 def test_indirect_indexing_and_embedding_backward():
     def f(w, idx, g, src):
         emb = F.embedding(idx, w)
