@@ -7,8 +7,9 @@ vs trainc.compile_step, in one process per shard, interleaved, median of many st
 Modes: eager_foreach (AdamW foreach), eager_fused (AdamW fused=True), inductor (torch.compile of
 the model, of the loss, and of optimizer.step), inductor_loss (model and loss in one compiled
 function, optimizer.step compiled), trainc (trainc.compile_step, default options: on CUDA it
-replays a CUDA graph), trainc_cudagraphs / trainc_nographs (the same with cudagraphs=True /
-False; not in the default modes), and on --budget-models only:
+replays a CUDA graph), trainc_cudagraphs / trainc_nographs / trainc_arena (the same with
+cudagraphs=True / False / triton_keep_buffers=True; not in the default modes), and on
+--budget-models only:
 inductor_budget (the inductor arrangement under PyTorch's activation_memory_budget=--budget),
 trainc_budget (compile_step with memory_budget=--budget). Per row: median step ms, peak MiB above
 the starting allocation (CUDA: allocator statistics; CPU: torch.profiler allocator events; plus
@@ -45,8 +46,9 @@ import trainc  # noqa: E402
 from trainc.report import peak_bytes  # noqa: E402
 
 MODES = ("eager_foreach", "eager_fused", "inductor", "inductor_loss", "trainc",
-         "trainc_cudagraphs", "trainc_nographs", "inductor_budget", "trainc_budget")
-VARIANTS = ("trainc_cudagraphs", "trainc_nographs")  # not in the default modes
+         "trainc_cudagraphs", "trainc_nographs", "trainc_arena", "inductor_budget",
+         "trainc_budget")
+VARIANTS = ("trainc_cudagraphs", "trainc_nographs", "trainc_arena")  # not in the default modes
 COMPILED = ("inductor", "inductor_loss")  # the torch.compile arrangements trainc is held against
 TINY = {"mlp": dict(d=32, depth=2, batch=16),
         "gpt": dict(vocab=64, d=32, heads=2, layers=1, seq=16, batch=2),
@@ -61,7 +63,8 @@ def make_step(mode: str, model, loss, args):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         budget = args.budget if mode == "trainc_budget" else None
         extra = {"trainc_cudagraphs": {"cudagraphs": True},
-                 "trainc_nographs": {"cudagraphs": False}}.get(mode, {})
+                 "trainc_nographs": {"cudagraphs": False},
+                 "trainc_arena": {"triton_keep_buffers": True}}.get(mode, {})
         return trainc.compile_step(model, lf, opt, backend=args.backend, memory_budget=budget,
                                    **extra)
     fused = mode == "eager_fused"

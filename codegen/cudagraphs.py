@@ -40,8 +40,9 @@ def mark_static_inputs(gm: fx.GraphModule, names: Iterable[str]) -> fx.GraphModu
 
 class CudaGraphRunner:
     def __init__(self, run, static: Optional[list[bool]] = None,
-                 launches: Optional[int] = None):
+                 launches: Optional[int] = None, kept_bytes: int = 0):
         self.inner = run
+        self.kept_bytes = kept_bytes
         self.launches = launches  # kernels per call; None: always capture (cudagraphs=True)
         self.declared = static  # per input: stays put (None: judge by address)
         self.calls = self.captures = 0
@@ -105,7 +106,9 @@ class CudaGraphRunner:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outs = self.inner(list(self.static))
-        self.held_bytes = _pool_bytes(self.graph.pool())
+        # plus the wrapper's kept arena (triton_keep_buffers): allocated before the capture,
+        # its addresses are in the graph, and a replay runs no Python that would note it
+        self.held_bytes = _pool_bytes(self.graph.pool()) + self.kept_bytes
         self.ptrs = [p for p, s in zip(now, self.stable) if s]
         self.keep = set(self.ptrs)
         self.first_ptrs = now
@@ -163,6 +166,7 @@ def with_cudagraphs(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None
     if gm is not None and STATIC_INPUTS in gm.meta:
         names = gm.meta[STATIC_INPUTS]
         static = [n.name in names for n in gm.graph.nodes if n.op == "placeholder"]
-    runner = CudaGraphRunner(compiled.run, static, len(compiled.kernels) if auto else None)
+    runner = CudaGraphRunner(compiled.run, static, len(compiled.kernels) if auto else None,
+                             int(compiled.extra.get("kept_bytes", 0)))
     extra = dict(compiled.extra, cudagraphs=runner)
     return CompiledGraph(runner, compiled.kernels, compiled.fallback_ops, compiled.source, extra)

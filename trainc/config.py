@@ -47,6 +47,11 @@ class Config:
     # held between calls; trainc.report.peak_bytes counts the arenas a measured run uses.
     # Off when a memory_budget is set (the budget is about the planned peak alone).
     cpp_keep_buffers: bool = True
+    # backend="triton": the same for the Triton wrapper's own buffers (one planned arena kept
+    # across calls). Meant for CUDA graphs, whose private pool fragments when each large buffer
+    # is allocated separately (H200 convnet float32 step: 2344 MiB reserved for a 1584 MiB live
+    # peak); off by default until that is measured on the GPU (STATUS.md).
+    triton_keep_buffers: bool = False
     # Store compiled artifacts under cache_dir and load them in later processes, skipping
     # tracing and codegen (trainc/artifact_cache.py; TRAINC_CACHE_ARTIFACTS=0: off).
     cache_artifacts: bool = True

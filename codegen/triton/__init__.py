@@ -77,8 +77,9 @@ class TritonBackend:
                                          self.config.triton_compile_workers)
         host = [b for b in sched.graph.inputs if b in foreign and device.type == "cuda"
                 and math.prod(sched.graph.buffers[b].shape) == 1]
+        keep = self.config.triton_keep_buffers and self.config.memory_budget is None
         wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
-                                device=device, host_scalars=host)
+                                device=device, host_scalars=host, keep=keep)
         fallbacks = sorted({str(c.target) for c in sched.items
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "
