@@ -13,6 +13,7 @@ import torch
 
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
+from trainc.codegen.cpp.hoist import plan_hoists
 from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
 from trainc.codegen.cpp.reuse import plan_reuse
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
@@ -180,6 +181,19 @@ class KernelPrinter:
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
+        written = {n.name for n in kern.nodes} | set(self.rename.values()) | set(kern.scratch)
+        dims = [self._vector_dim(k) for k in range(len(kern.loops))]
+        self.hoists = [] if kern.kind != "loops" else plan_hoists(
+            [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
+            [v for v, _ in dims], [n for _, n in dims], written)
+        self._fills: list[str] = []
+
+    def _vector_dim(self, k: int) -> tuple:
+        """(symbol, extent) of the index loop k vectorizes along; (None, 0) if none."""
+        if self.lanes:
+            return self.osyms[-1], int(self.k.outer[-1])
+        isyms, _, extents = self.shapes[k]
+        return (isyms[-1], int(extents[-1])) if isyms else (None, 0)
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -226,6 +240,7 @@ class KernelPrinter:
     # -- kernel ---------------------------------------------------------------------------
     def source(self) -> str:
         osyms = self.osyms
+        self._fills = self._hoist_fills()
         body = Body(self, "    ")
         if self.k.kind == "scatter":
             self._scatter(body, self.k.nodes[0])
@@ -233,6 +248,22 @@ class KernelPrinter:
             for lp, shape in zip(self.k.loops, self.shapes):
                 self._loop(body, lp, osyms, shape)
         return self._wrap(osyms, body)
+
+    def _hoist_fills(self) -> list[str]:
+        """Loops computing the hoisted values (codegen/cpp/hoist.py) once, before the kernel's
+        parallel loop: one simd loop per vectorized index."""
+        groups: dict[tuple, list] = {}
+        for h in self.hoists:
+            groups.setdefault((h.sym, h.extent), []).append(h)
+        lines = []
+        for (v, n), hs in groups.items():
+            lines += [f"  alignas(64) {ctype(h.expr.dtype)} {h.name}[{n}];" for h in hs]
+            body = Body(self, "    ")
+            for h in hs:
+                body.emit(f"{h.name}[{v.name}] = {body.value(h.expr)};")
+            lines += ["  #pragma omp simd", f"  for (int64_t {v.name} = 0; {v.name} < {n}; "
+                      f"++{v.name}) {{", *body.lines, "  }"]
+        return lines
 
     def _wrap(self, osyms, body: Body) -> str:
         params = ", ".join(
@@ -242,6 +273,7 @@ class KernelPrinter:
         lines = [f'extern "C" void {self.k.name}({params}) {{']
         if on == 0:
             return "\n".join(lines + ["}"])
+        lines += self._fills
         w = self.lanes or 1
         if osyms and on > 1:
             work = sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * on
@@ -292,6 +324,10 @@ class KernelPrinter:
         for r in self.reuse:
             if k in r.later:
                 inner.memo[r.expr] = f"{r.name}[{slot}]"
+        v = self._vector_dim(k)
+        for h in self.hoists:
+            if (h.sym, h.extent) == v:
+                inner.memo[h.expr] = f"{h.name}[{h.sym.name}]"
         saved = dict(self.values)
         for n in lp.steps:
             if n.kind == "pointwise":
