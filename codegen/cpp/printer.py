@@ -305,9 +305,15 @@ class KernelPrinter:
     def _loop(self, outer: Body, lp: Loop, osyms, shape) -> None:
         isyms, dims, extents = shape
         reds = [n for n in lp.steps if n.kind == "reduction"]
-        accs = {n.name: self._acc_init(outer, n) for n in reds}
+        unroll = self._unroll(lp, isyms, extents)
+        sets = [{n.name: self._acc_init(outer, n) for n in reds} for _ in range(unroll)]
+        accs = sets[0]
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
-        for d, (s, size) in enumerate(zip(isyms, extents)):
+        loop_syms, loop_extents = list(isyms), list(extents)
+        if unroll > 1:  # the innermost reduced dim runs `unroll` iterations per trip
+            loop_extents[-1] = int(extents[-1]) // unroll
+            loop_syms[-1] = ir.new_symbol("i", loop_extents[-1])
+        for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
             if d == len(isyms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
             outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
@@ -329,7 +335,12 @@ class KernelPrinter:
             if (h.sym, h.extent) == v:
                 inner.memo[h.expr] = f"{h.name}[{h.sym.name}]"
         saved = dict(self.values)
-        for n in lp.steps:
+        for g, acc_set in enumerate(sets if unroll > 1 else []):
+            sub = {isyms[-1]: unroll * loop_syms[-1] + g}
+            gdims = [sympy.sympify(d).subs(sub) for d in dims]
+            for n in lp.steps:
+                self._accumulate(inner, n, acc_set[n.name], n.fn(osyms, gdims), isyms, lp.inner)
+        for n in lp.steps if unroll == 1 else []:
             if n.kind == "pointwise":
                 self._pointwise(inner, n, osyms, dims)
             else:
@@ -340,8 +351,31 @@ class KernelPrinter:
         self.values = saved
         for d in range(max(depth, 1)):
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
+        if unroll > 1:
+            self._combine(outer, reds, sets)
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
+
+    def _unroll(self, lp: Loop, isyms, extents) -> int:
+        """Accumulator sets for a lanes reduction loop: one set of fewer than UNROLL_LANES lanes
+        is a chain of dependent vector adds, latency-bound (NHWC batch-norm statistics of 16
+        channels read at half the bandwidth); each set takes every unroll-th trip of the
+        innermost reduced dim, and the sets are combined in order afterwards."""
+        if not self.lanes or not isyms or self.lanes >= UNROLL_LANES:
+            return 1
+        if any(n.kind != "reduction" or n.reduce_op not in _COMBINE for n in lp.steps):
+            return 1
+        k = UNROLL_LANES // self.lanes
+        return k if int(extents[-1]) % k == 0 and int(extents[-1]) >= k else 1
+
+    def _combine(self, body: Body, reds, sets) -> None:
+        """Fold accumulator sets 1.. into set 0, in set order (deterministic)."""
+        body.emit(f"for (int64_t j = 0; j < {self.lanes}; ++j) {{")
+        for acc_set in sets[1:]:
+            for n in reds:
+                for a, b, c in zip(sets[0][n.name], acc_set[n.name], _COMBINE[n.reduce_op]):
+                    body.emit("  " + c(a, b))
+        body.emit("}")
 
     def _open_lanes(self, body: Body, ind: str, simd: bool) -> None:
         last = self.osyms[-1].name
@@ -457,6 +491,17 @@ def _nest(body: Body, syms, shape, parallel: bool) -> None:
 def _close(body: Body, depth: int) -> None:
     for d in range(max(depth, 1)):
         body.emit("  " * (max(depth, 1) - 1 - d) + "}")
+
+
+UNROLL_LANES = 64  # accumulator lanes a lanes reduction loop keeps in flight
+
+# how each accumulator variable of a reduction folds b into a (max/min: value, then NaN flag)
+_COMBINE = {
+    "sum": [lambda a, b: f"{a} += {b};"],
+    "prod": [lambda a, b: f"{a} *= {b};"],
+    "max": [lambda a, b: f"{a} = ({b} > {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
+    "min": [lambda a, b: f"{a} = ({b} < {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
+}
 
 
 def _simd_pragma(reds, accs) -> str:
