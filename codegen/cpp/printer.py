@@ -16,6 +16,7 @@ from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.cpp.hoist import plan_hoists
 from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
 from trainc.codegen.cpp.reuse import plan_reuse
+from trainc.codegen.cpp.threads import gather_partials, split_for, split_threads_header
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
@@ -187,6 +188,10 @@ class KernelPrinter:
             [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
             [v for v, _ in dims], [n for _, n in dims], written)
         self._fills: list[str] = []
+        self.split = self._thread_split()
+        self._parts: list[str] = []  # shared partial arrays of a thread split
+        self._acc_types: dict[str, str] = {}
+        self._guard = False  # stores only from thread 0 (values every thread holds)
 
     def _vector_dim(self, k: int) -> tuple:
         """(symbol, extent) of the index loop k vectorizes along; (None, 0) if none."""
@@ -228,7 +233,7 @@ class KernelPrinter:
             v = f"(_Float16)({v})"
         else:
             v = f"({STORAGE[dt]})({v})"
-        body.emit(f"{target} = {v};")
+        body.emit(f"{'if (tid == 0) ' if self._guard else ''}{target} = {v};")
 
     def _scratch_slot(self, body: Body, buf: str, index) -> str:
         """Where `buf[index]` lives in the buffer's scratch array (lane-major with lanes)."""
@@ -275,9 +280,10 @@ class KernelPrinter:
             return "\n".join(lines + ["}"])
         lines += self._fills
         w = self.lanes or 1
+        if self.split:
+            lines += self._parts + split_threads_header()
         if osyms and on > 1:
-            work = sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * on
-            if work >= PARALLEL_WORK:
+            if self._work() >= PARALLEL_WORK and not self.split:
                 lines.append("  #pragma omp parallel for")
             shape = list(self.k.outer[:-1]) + [self.k.outer[-1] // w]
             lines.append(f"  for (int64_t o = 0; o < {on // w}; ++o) {{")
@@ -299,8 +305,22 @@ class KernelPrinter:
             n = _numel(self.shapes[r.first][2])
             lines.append(f"    alignas(64) {ctype(r.expr.dtype)} {r.name}[{n}];")
         lines += body.lines
-        lines += ["  }", "}"]
+        lines += ["  }"] + (["  }"] if self.split else []) + ["}"]
         return "\n".join(lines)
+
+    def _work(self) -> int:
+        return sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * _numel(self.k.outer)
+
+    def _thread_split(self) -> bool:
+        """Split reduced dims over threads (codegen/cpp/threads.py): a lanes kernel with one lane
+        block, enough work, and only reductions that fold."""
+        k = self.k
+        if not self.lanes or k.kind != "loops" or k.scratch or self.reuse:
+            return False
+        if _numel(k.outer) // self.lanes != 1 or self._work() < PARALLEL_WORK:
+            return False
+        return all(n.kind == "pointwise" or n.reduce_op in _COMBINE
+                   for lp in k.loops for n in lp.steps)
 
     def _loop(self, outer: Body, lp: Loop, osyms, shape) -> None:
         isyms, dims, extents = shape
@@ -316,7 +336,10 @@ class KernelPrinter:
         for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
             if d == len(isyms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
-            outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
+            head = split_for(s.name, size) if self.split and d == 0 else \
+                f"for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{"
+            outer.emit("  " * d + head)
+        self._guard = self.split and not isyms  # every thread runs the whole loop
         depth = len(isyms)
         if self.lanes:  # innermost: the lanes of the last outer dim, independent accumulators
             self._open_lanes(outer, "  " * depth, simd)
@@ -353,8 +376,23 @@ class KernelPrinter:
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
         if unroll > 1:
             self._combine(outer, reds, sets)
+        if self.split and isyms and reds:
+            self._gather(outer, reds, accs)
+        self._guard = self.split
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
+        self._guard = False
+        if self.split and lp is not self.k.loops[-1]:
+            outer.emit("#pragma omp barrier")  # later loops may read what this one stored
+
+    def _gather(self, body: Body, reds, accs) -> None:
+        """Every thread's partial accumulators, folded in thread order into each thread's."""
+        vars_ = [(self._acc_types[a[:-3]], a[:-3], c) for n in reds
+                 for a, c in zip(accs[n.name], _COMBINE[n.reduce_op])]
+        decls, lines = gather_partials(vars_, self.lanes)
+        self._parts += decls
+        for line in lines:
+            body.emit(line)
 
     def _unroll(self, lp: Loop, isyms, extents) -> int:
         """Accumulator sets for a lanes reduction loop: one set of fewer than UNROLL_LANES lanes
@@ -406,6 +444,7 @@ class KernelPrinter:
             vars_ = [(t, acc, _extreme(e_dtype, op == "max")), ("int", acc + "n", "0")]
         else:
             vars_ = [(t, acc, _extreme(e_dtype, op == "argmax")), ("int64_t", acc + "i", "0")]
+        self._acc_types.update((v, ty) for ty, v, _ in vars_)
         if not self.lanes:
             body.emit(" ".join(f"{ty} {v} = {init};" for ty, v, init in vars_))
             return [v for _, v, _ in vars_]

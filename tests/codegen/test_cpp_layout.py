@@ -126,3 +126,28 @@ def test_narrow_lane_reductions_keep_several_accumulator_sets(shape, unrolled):
     src = c.extra["cpp"]
     assert "lane0" in src
     assert bool(re.search(r"\+= t\d+\[j\];", src)) == unrolled  # a set folded into set 0
+
+
+def _channel_stats(a):
+    m = a.amax(dim=(0, 1))
+    return (*torch.var_mean(a, dim=(0, 1)), m, a.amin(dim=(0, 1)), (a * 0.01 + 1).prod(0).prod(0),
+            (a - m) * 2)
+
+
+@pytest.mark.parametrize("shape", [(7, 300, 16), (1, 2048, 16), (40, 64, 32)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_lane_block_splits_reduced_dims_over_threads(shape, threads):
+    """NHWC batch-norm statistics: one block of lanes, so the threads split the first reduced
+    dim and fold their partials in thread order: eager's results, NaN included, and the same
+    bits on every run."""
+    a = torch.randn(*shape)
+    a[0, 5, 3] = float("nan")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        c = check(_channel_stats, a, atol=1e-5)
+        assert "omp barrier" in c.extra["cpp"]
+        first, again = c.run([a]), c.run([a])
+        assert all(torch.equal(x.nan_to_num(), y.nan_to_num()) for x, y in zip(first, again))
+    finally:
+        torch.set_num_threads(old)
