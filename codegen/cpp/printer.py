@@ -183,6 +183,7 @@ class KernelPrinter:
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
         written = {n.name for n in kern.nodes} | set(self.rename.values()) | set(kern.scratch)
+        self.tiny = [self._tiny_inner(k) for k in range(len(kern.loops))]
         dims = [self._vector_dim(k) for k in range(len(kern.loops))]
         self.hoists = [] if kern.kind != "loops" else plan_hoists(
             [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
@@ -198,7 +199,21 @@ class KernelPrinter:
         if self.lanes:
             return self.osyms[-1], int(self.k.outer[-1])
         isyms, _, extents = self.shapes[k]
+        if self.tiny[k]:
+            return isyms[-2], int(extents[-2])
         return (isyms[-1], int(extents[-1])) if isyms else (None, 0)
+
+    def _tiny_inner(self, k: int) -> int:
+        """The extent of loop k's innermost dim when it is too short for a vector (an NCHW image of
+        3 channels read into NHWC): the printer unrolls it inside a vector loop over the next dim,
+        whose loads (or stores) are the contiguous ones; 0 to keep the loop as it is."""
+        isyms, _, extents = self.shapes[k]
+        if self.lanes or self.reuse or self.k.scratch or len(isyms) < 2 or self.k.kind != "loops":
+            return 0
+        if any(n.kind != "pointwise" for n in self.k.loops[k].steps):
+            return 0
+        inner, nxt = int(extents[-1]), int(extents[-2])
+        return inner if inner <= TINY_INNER and nxt >= 2 * TINY_INNER else 0
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -329,18 +344,22 @@ class KernelPrinter:
         sets = [{n.name: self._acc_init(outer, n) for n in reds} for _ in range(unroll)]
         accs = sets[0]
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
+        k = self.k.loops.index(lp)
+        tiny = self.tiny[k]
         loop_syms, loop_extents = list(isyms), list(extents)
+        if tiny:  # the innermost dim is unrolled below
+            loop_syms, loop_extents = loop_syms[:-1], loop_extents[:-1]
         if unroll > 1:  # the innermost reduced dim runs `unroll` iterations per trip
             loop_extents[-1] = int(extents[-1]) // unroll
             loop_syms[-1] = ir.new_symbol("i", loop_extents[-1])
         for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
-            if d == len(isyms) - 1 and simd and not self.lanes:
+            if d == len(loop_syms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
             head = split_for(s.name, size) if self.split and d == 0 else \
                 f"for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{"
             outer.emit("  " * d + head)
         self._guard = self.split and not isyms  # every thread runs the whole loop
-        depth = len(isyms)
+        depth = len(loop_syms)
         if self.lanes:  # innermost: the lanes of the last outer dim, independent accumulators
             self._open_lanes(outer, "  " * depth, simd)
             depth += 1
@@ -348,7 +367,6 @@ class KernelPrinter:
             outer.emit("{")
         inner = Body(self, outer.indent + "  " * (max(depth, 1) + 1))
         inner.lines = outer.lines
-        k = self.k.loops.index(lp)
         slot = index_code(ir.linear(isyms, ir.contiguous_strides(extents))) if isyms else "0"
         for r in self.reuse:
             if k in r.later:
@@ -363,7 +381,11 @@ class KernelPrinter:
             gdims = [sympy.sympify(d).subs(sub) for d in dims]
             for n in lp.steps:
                 self._accumulate(inner, n, acc_set[n.name], n.fn(osyms, gdims), isyms, lp.inner)
-        for n in lp.steps if unroll == 1 else []:
+        for g in range(tiny):
+            gdims = [sympy.sympify(d).subs({isyms[-1]: g}) for d in dims]
+            for n in lp.steps:
+                self._pointwise(inner, n, osyms, gdims, n.fn(osyms + gdims))
+        for n in lp.steps if unroll == 1 and not tiny else []:
             if n.kind == "pointwise":
                 self._pointwise(inner, n, osyms, dims)
             else:
@@ -422,8 +444,8 @@ class KernelPrinter:
         body.emit(f"{ind}for (int64_t j = 0; j < {self.lanes}; ++j) {{")
         body.emit(f"{ind}  const int64_t {last} = lane0 + j;")
 
-    def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms) -> None:
-        v = body.value(self.exprs[n.name])
+    def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms, expr=None) -> None:
+        v = body.value(self.exprs[n.name] if expr is None else expr)
         b = self.k.layout(n.name, self.g)
         index = ir.linear(osyms + isyms, b.stride)
         if n.name in self.k.scratch:
@@ -533,6 +555,7 @@ def _close(body: Body, depth: int) -> None:
 
 
 UNROLL_LANES = 64  # accumulator lanes a lanes reduction loop keeps in flight
+TINY_INNER = 4  # innermost pointwise dims this short are unrolled inside the next dim's loop
 
 # how each accumulator variable of a reduction folds b into a (max/min: value, then NaN flag)
 _COMBINE = {

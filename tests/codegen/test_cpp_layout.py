@@ -151,3 +151,16 @@ def test_one_lane_block_splits_reduced_dims_over_threads(shape, threads):
         assert all(torch.equal(x.nan_to_num(), y.nan_to_num()) for x, y in zip(first, again))
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 10, 9), (3, 1, 4, 17), (2, 4, 6, 8), (2, 2, 5, 40)])
+def test_tiny_innermost_dims_unroll_inside_the_next_loop(shape):
+    """NCHW -> NHWC of few channels: the channel loop (1-4 iterations) is unrolled inside a
+    vector loop over the width instead of being the vector loop itself."""
+    def f(x, w):
+        return (x.permute(0, 2, 3, 1) * w).contiguous(), x.permute(0, 2, 3, 1).exp().contiguous()
+    x = torch.randn(*shape)
+    x[0, 0, 1, 2] = float("nan")
+    c = check(f, x, torch.randn(shape[1]), atol=1e-5)
+    simd_loops = re.findall(r"omp simd *\n *for \(int64_t \w+ = 0; \w+ < (\d+);", c.extra["cpp"])
+    assert simd_loops and str(shape[1]) not in simd_loops
