@@ -404,8 +404,16 @@ class KernelPrinter:
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
         self._guard = False
-        if self.split and lp is not self.k.loops[-1]:
-            outer.emit("#pragma omp barrier")  # later loops may read what this one stored
+        if self.split and self._read_later(lp):
+            outer.emit("#pragma omp barrier")  # other threads stored some of what they read
+
+    def _read_later(self, lp: Loop) -> bool:
+        """Does a later loop load a pointwise result this loop stored? (Reduction results reach
+        later loops as values, not through memory.)"""
+        stored = {n.name for n in lp.steps if n.kind == "pointwise"}
+        later = self.k.loops[self.k.loops.index(lp) + 1:]
+        return any(x.buf in stored for q in later for n in q.steps
+                   for x in ir.loads(self.exprs[n.name]))
 
     def _gather(self, body: Body, reds, accs) -> None:
         """Every thread's partial accumulators, folded in thread order into each thread's."""
