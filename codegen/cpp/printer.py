@@ -15,6 +15,7 @@ from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.cpp.hoist import plan_hoists
 from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
+from trainc.codegen.cpp.narrow import KEEPS_NARROW, is_narrow
 from trainc.codegen.cpp.reuse import plan_reuse
 from trainc.codegen.cpp.threads import gather_partials, split_for, split_threads_header
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
@@ -86,12 +87,15 @@ class Body:
     def value(self, e: ir.Expr) -> str:
         if e in self.memo:
             return self.memo[e]
-        code = self._code(e)
+        narrow = is_narrow(e, self.p.narrow)
+        code = self._code(e, narrow)
         if isinstance(e, ir.Const):
             self.memo[e] = code
             return code
         name = self.p.tmp()
-        self.emit(f"const {ctype(e.dtype)} {name} = {code};")
+        self.emit(f"const {'int32_t' if narrow else ctype(e.dtype)} {name} = {code};")
+        if narrow:
+            self.p.narrow_names.add(name)
         self.memo[e] = name
         return name
 
@@ -104,15 +108,26 @@ class Body:
                 self.defined.add(s)
         return index_code(e)
 
-    def _code(self, e: ir.Expr) -> str:
+    def _code(self, e: ir.Expr, narrow: bool = False) -> str:
         if isinstance(e, ir.Const):
             return const_code(e.value, e.dtype)
         if isinstance(e, ir.IndexValue):
-            return f"(({ctype(e.dtype)}){self.index(e.expr)})"
+            return f"(({'int32_t' if narrow else ctype(e.dtype)}){self.index(e.expr)})"
         if isinstance(e, ir.Load):
             return self.p.load(self, e)
         a = [self.value(x) for x in e.args]
-        return op_code(e, a, [x.dtype for x in e.args])
+        return op_code(e, self._operands(e, a), [x.dtype for x in e.args])
+
+    def _operands(self, e: ir.Op, a: list[str]) -> list[str]:
+        """Operands as e reads them: int32 values (codegen/cpp/narrow.py) stay int32 in selects and
+        comparisons, with int64 constants beside them spelled int32; anything else widens them."""
+        narrow = self.p.narrow_names
+        if e.name not in KEEPS_NARROW:
+            return [f"((int64_t){s})" if s in narrow else s for s in a]
+        if not any(s in narrow for s in a):
+            return a
+        small = [isinstance(x, ir.Const) and is_narrow(x, self.p.narrow) for x in e.args]
+        return [f"((int32_t){int(x.value)})" if c else s for x, s, c in zip(e.args, a, small)]
 
 
 def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
@@ -179,6 +194,8 @@ class KernelPrinter:
             [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
             [s[2] for s in self.shapes], [s[0] for s in self.shapes])
         self._tmp = 0
+        self.narrow: dict = {}  # expr -> computed in int32 (codegen/cpp/narrow.py)
+        self.narrow_names: set[str] = set()  # the C variables holding such values
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
