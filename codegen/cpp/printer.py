@@ -13,8 +13,11 @@ import torch
 
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
+from trainc.codegen.cpp.hoist import plan_hoists
 from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
+from trainc.codegen.cpp.narrow import KEEPS_NARROW, is_narrow
 from trainc.codegen.cpp.reuse import plan_reuse
+from trainc.codegen.cpp.threads import gather_partials, split_for, split_threads_header
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
@@ -84,12 +87,15 @@ class Body:
     def value(self, e: ir.Expr) -> str:
         if e in self.memo:
             return self.memo[e]
-        code = self._code(e)
+        narrow = is_narrow(e, self.p.narrow)
+        code = self._code(e, narrow)
         if isinstance(e, ir.Const):
             self.memo[e] = code
             return code
         name = self.p.tmp()
-        self.emit(f"const {ctype(e.dtype)} {name} = {code};")
+        self.emit(f"const {'int32_t' if narrow else ctype(e.dtype)} {name} = {code};")
+        if narrow:
+            self.p.narrow_names.add(name)
         self.memo[e] = name
         return name
 
@@ -102,15 +108,26 @@ class Body:
                 self.defined.add(s)
         return index_code(e)
 
-    def _code(self, e: ir.Expr) -> str:
+    def _code(self, e: ir.Expr, narrow: bool = False) -> str:
         if isinstance(e, ir.Const):
             return const_code(e.value, e.dtype)
         if isinstance(e, ir.IndexValue):
-            return f"(({ctype(e.dtype)}){self.index(e.expr)})"
+            return f"(({'int32_t' if narrow else ctype(e.dtype)}){self.index(e.expr)})"
         if isinstance(e, ir.Load):
             return self.p.load(self, e)
         a = [self.value(x) for x in e.args]
-        return op_code(e, a, [x.dtype for x in e.args])
+        return op_code(e, self._operands(e, a), [x.dtype for x in e.args])
+
+    def _operands(self, e: ir.Op, a: list[str]) -> list[str]:
+        """Operands as e reads them: int32 values (codegen/cpp/narrow.py) stay int32 in selects and
+        comparisons, with int64 constants beside them spelled int32; anything else widens them."""
+        narrow = self.p.narrow_names
+        if e.name not in KEEPS_NARROW:
+            return [f"((int64_t){s})" if s in narrow else s for s in a]
+        if not any(s in narrow for s in a):
+            return a
+        small = [isinstance(x, ir.Const) and is_narrow(x, self.p.narrow) for x in e.args]
+        return [f"((int32_t){int(x.value)})" if c else s for x, s, c in zip(e.args, a, small)]
 
 
 def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
@@ -177,9 +194,43 @@ class KernelPrinter:
             [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
             [s[2] for s in self.shapes], [s[0] for s in self.shapes])
         self._tmp = 0
+        self.narrow: dict = {}  # expr -> computed in int32 (codegen/cpp/narrow.py)
+        self.narrow_names: set[str] = set()  # the C variables holding such values
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
+        written = {n.name for n in kern.nodes} | set(self.rename.values()) | set(kern.scratch)
+        self.tiny = [self._tiny_inner(k) for k in range(len(kern.loops))]
+        dims = [self._vector_dim(k) for k in range(len(kern.loops))]
+        self.hoists = [] if kern.kind != "loops" else plan_hoists(
+            [[self.exprs[n.name] for n in lp.steps] for lp in kern.loops],
+            [v for v, _ in dims], [n for _, n in dims], written)
+        self._fills: list[str] = []
+        self.split = self._thread_split()
+        self._parts: list[str] = []  # shared partial arrays of a thread split
+        self._acc_types: dict[str, str] = {}
+        self._guard = False  # stores only from thread 0 (values every thread holds)
+
+    def _vector_dim(self, k: int) -> tuple:
+        """(symbol, extent) of the index loop k vectorizes along; (None, 0) if none."""
+        if self.lanes:
+            return self.osyms[-1], int(self.k.outer[-1])
+        isyms, _, extents = self.shapes[k]
+        if self.tiny[k]:
+            return isyms[-2], int(extents[-2])
+        return (isyms[-1], int(extents[-1])) if isyms else (None, 0)
+
+    def _tiny_inner(self, k: int) -> int:
+        """The extent of loop k's innermost dim when it is too short for a vector (an NCHW image of
+        3 channels read into NHWC): the printer unrolls it inside a vector loop over the next dim,
+        whose loads (or stores) are the contiguous ones; 0 to keep the loop as it is."""
+        isyms, _, extents = self.shapes[k]
+        if self.lanes or self.reuse or self.k.scratch or len(isyms) < 2 or self.k.kind != "loops":
+            return 0
+        if any(n.kind != "pointwise" for n in self.k.loops[k].steps):
+            return 0
+        inner, nxt = int(extents[-1]), int(extents[-2])
+        return inner if inner <= TINY_INNER and nxt >= 2 * TINY_INNER else 0
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -214,7 +265,7 @@ class KernelPrinter:
             v = f"(_Float16)({v})"
         else:
             v = f"({STORAGE[dt]})({v})"
-        body.emit(f"{target} = {v};")
+        body.emit(f"{'if (tid == 0) ' if self._guard else ''}{target} = {v};")
 
     def _scratch_slot(self, body: Body, buf: str, index) -> str:
         """Where `buf[index]` lives in the buffer's scratch array (lane-major with lanes)."""
@@ -226,6 +277,7 @@ class KernelPrinter:
     # -- kernel ---------------------------------------------------------------------------
     def source(self) -> str:
         osyms = self.osyms
+        self._fills = self._hoist_fills()
         body = Body(self, "    ")
         if self.k.kind == "scatter":
             self._scatter(body, self.k.nodes[0])
@@ -233,6 +285,22 @@ class KernelPrinter:
             for lp, shape in zip(self.k.loops, self.shapes):
                 self._loop(body, lp, osyms, shape)
         return self._wrap(osyms, body)
+
+    def _hoist_fills(self) -> list[str]:
+        """Loops computing the hoisted values (codegen/cpp/hoist.py) once, before the kernel's
+        parallel loop: one simd loop per vectorized index."""
+        groups: dict[tuple, list] = {}
+        for h in self.hoists:
+            groups.setdefault((h.sym, h.extent), []).append(h)
+        lines = []
+        for (v, n), hs in groups.items():
+            lines += [f"  alignas(64) {ctype(h.expr.dtype)} {h.name}[{n}];" for h in hs]
+            body = Body(self, "    ")
+            for h in hs:
+                body.emit(f"{h.name}[{v.name}] = {body.value(h.expr)};")
+            lines += ["  #pragma omp simd", f"  for (int64_t {v.name} = 0; {v.name} < {n}; "
+                      f"++{v.name}) {{", *body.lines, "  }"]
+        return lines
 
     def _wrap(self, osyms, body: Body) -> str:
         params = ", ".join(
@@ -242,10 +310,12 @@ class KernelPrinter:
         lines = [f'extern "C" void {self.k.name}({params}) {{']
         if on == 0:
             return "\n".join(lines + ["}"])
+        lines += self._fills
         w = self.lanes or 1
+        if self.split:
+            lines += self._parts + split_threads_header()
         if osyms and on > 1:
-            work = sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * on
-            if work >= PARALLEL_WORK:
+            if self._work() >= PARALLEL_WORK and not self.split:
                 lines.append("  #pragma omp parallel for")
             shape = list(self.k.outer[:-1]) + [self.k.outer[-1] // w]
             lines.append(f"  for (int64_t o = 0; o < {on // w}; ++o) {{")
@@ -267,19 +337,46 @@ class KernelPrinter:
             n = _numel(self.shapes[r.first][2])
             lines.append(f"    alignas(64) {ctype(r.expr.dtype)} {r.name}[{n}];")
         lines += body.lines
-        lines += ["  }", "}"]
+        lines += ["  }"] + (["  }"] if self.split else []) + ["}"]
         return "\n".join(lines)
+
+    def _work(self) -> int:
+        return sum(_numel(lp.inner) * len(lp.steps) for lp in self.k.loops) * _numel(self.k.outer)
+
+    def _thread_split(self) -> bool:
+        """Split reduced dims over threads (codegen/cpp/threads.py): a lanes kernel with one lane
+        block, enough work, and only reductions that fold."""
+        k = self.k
+        if not self.lanes or k.kind != "loops" or k.scratch or self.reuse:
+            return False
+        if _numel(k.outer) // self.lanes != 1 or self._work() < PARALLEL_WORK:
+            return False
+        return all(n.kind == "pointwise" or n.reduce_op in _COMBINE
+                   for lp in k.loops for n in lp.steps)
 
     def _loop(self, outer: Body, lp: Loop, osyms, shape) -> None:
         isyms, dims, extents = shape
         reds = [n for n in lp.steps if n.kind == "reduction"]
-        accs = {n.name: self._acc_init(outer, n) for n in reds}
+        unroll = self._unroll(lp, isyms, extents)
+        sets = [{n.name: self._acc_init(outer, n) for n in reds} for _ in range(unroll)]
+        accs = sets[0]
         simd = not any(n.reduce_op in ("argmax", "argmin") for n in reds)
-        for d, (s, size) in enumerate(zip(isyms, extents)):
-            if d == len(isyms) - 1 and simd and not self.lanes:
+        k = self.k.loops.index(lp)
+        tiny = self.tiny[k]
+        loop_syms, loop_extents = list(isyms), list(extents)
+        if tiny:  # the innermost dim is unrolled below
+            loop_syms, loop_extents = loop_syms[:-1], loop_extents[:-1]
+        if unroll > 1:  # the innermost reduced dim runs `unroll` iterations per trip
+            loop_extents[-1] = int(extents[-1]) // unroll
+            loop_syms[-1] = ir.new_symbol("i", loop_extents[-1])
+        for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
+            if d == len(loop_syms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
-            outer.emit(f"{'  ' * d}for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{")
-        depth = len(isyms)
+            head = split_for(s.name, size) if self.split and d == 0 else \
+                f"for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{"
+            outer.emit("  " * d + head)
+        self._guard = self.split and not isyms  # every thread runs the whole loop
+        depth = len(loop_syms)
         if self.lanes:  # innermost: the lanes of the last outer dim, independent accumulators
             self._open_lanes(outer, "  " * depth, simd)
             depth += 1
@@ -287,13 +384,25 @@ class KernelPrinter:
             outer.emit("{")
         inner = Body(self, outer.indent + "  " * (max(depth, 1) + 1))
         inner.lines = outer.lines
-        k = self.k.loops.index(lp)
         slot = index_code(ir.linear(isyms, ir.contiguous_strides(extents))) if isyms else "0"
         for r in self.reuse:
             if k in r.later:
                 inner.memo[r.expr] = f"{r.name}[{slot}]"
+        v = self._vector_dim(k)
+        for h in self.hoists:
+            if (h.sym, h.extent) == v:
+                inner.memo[h.expr] = f"{h.name}[{h.sym.name}]"
         saved = dict(self.values)
-        for n in lp.steps:
+        for g, acc_set in enumerate(sets if unroll > 1 else []):
+            sub = {isyms[-1]: unroll * loop_syms[-1] + g}
+            gdims = [sympy.sympify(d).subs(sub) for d in dims]
+            for n in lp.steps:
+                self._accumulate(inner, n, acc_set[n.name], n.fn(osyms, gdims), isyms, lp.inner)
+        for g in range(tiny):
+            gdims = [sympy.sympify(d).subs({isyms[-1]: g}) for d in dims]
+            for n in lp.steps:
+                self._pointwise(inner, n, osyms, gdims, n.fn(osyms + gdims))
+        for n in lp.steps if unroll == 1 and not tiny else []:
             if n.kind == "pointwise":
                 self._pointwise(inner, n, osyms, dims)
             else:
@@ -304,8 +413,54 @@ class KernelPrinter:
         self.values = saved
         for d in range(max(depth, 1)):
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
+        if unroll > 1:
+            self._combine(outer, reds, sets)
+        if self.split and isyms and reds:
+            self._gather(outer, reds, accs)
+        self._guard = self.split
         for n in reds:
             self._finish(outer, n, accs[n.name], osyms)
+        self._guard = False
+        if self.split and self._read_later(lp):
+            outer.emit("#pragma omp barrier")  # other threads stored some of what they read
+
+    def _read_later(self, lp: Loop) -> bool:
+        """Does a later loop load a pointwise result this loop stored? (Reduction results reach
+        later loops as values, not through memory.)"""
+        stored = {n.name for n in lp.steps if n.kind == "pointwise"}
+        later = self.k.loops[self.k.loops.index(lp) + 1:]
+        return any(x.buf in stored for q in later for n in q.steps
+                   for x in ir.loads(self.exprs[n.name]))
+
+    def _gather(self, body: Body, reds, accs) -> None:
+        """Every thread's partial accumulators, folded in thread order into each thread's."""
+        vars_ = [(self._acc_types[a[:-3]], a[:-3], c) for n in reds
+                 for a, c in zip(accs[n.name], _COMBINE[n.reduce_op])]
+        decls, lines = gather_partials(vars_, self.lanes)
+        self._parts += decls
+        for line in lines:
+            body.emit(line)
+
+    def _unroll(self, lp: Loop, isyms, extents) -> int:
+        """Accumulator sets for a lanes reduction loop: one set of fewer than UNROLL_LANES lanes
+        is a chain of dependent vector adds, latency-bound (NHWC batch-norm statistics of 16
+        channels read at half the bandwidth); each set takes every unroll-th trip of the
+        innermost reduced dim, and the sets are combined in order afterwards."""
+        if not self.lanes or not isyms or self.lanes >= UNROLL_LANES:
+            return 1
+        if any(n.kind != "reduction" or n.reduce_op not in _COMBINE for n in lp.steps):
+            return 1
+        k = UNROLL_LANES // self.lanes
+        return k if int(extents[-1]) % k == 0 and int(extents[-1]) >= k else 1
+
+    def _combine(self, body: Body, reds, sets) -> None:
+        """Fold accumulator sets 1.. into set 0, in set order (deterministic)."""
+        body.emit(f"for (int64_t j = 0; j < {self.lanes}; ++j) {{")
+        for acc_set in sets[1:]:
+            for n in reds:
+                for a, b, c in zip(sets[0][n.name], acc_set[n.name], _COMBINE[n.reduce_op]):
+                    body.emit("  " + c(a, b))
+        body.emit("}")
 
     def _open_lanes(self, body: Body, ind: str, simd: bool) -> None:
         last = self.osyms[-1].name
@@ -314,8 +469,8 @@ class KernelPrinter:
         body.emit(f"{ind}for (int64_t j = 0; j < {self.lanes}; ++j) {{")
         body.emit(f"{ind}  const int64_t {last} = lane0 + j;")
 
-    def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms) -> None:
-        v = body.value(self.exprs[n.name])
+    def _pointwise(self, body: Body, n: ComputeNode, osyms, isyms, expr=None) -> None:
+        v = body.value(self.exprs[n.name] if expr is None else expr)
         b = self.k.layout(n.name, self.g)
         index = ir.linear(osyms + isyms, b.stride)
         if n.name in self.k.scratch:
@@ -336,6 +491,7 @@ class KernelPrinter:
             vars_ = [(t, acc, _extreme(e_dtype, op == "max")), ("int", acc + "n", "0")]
         else:
             vars_ = [(t, acc, _extreme(e_dtype, op == "argmax")), ("int64_t", acc + "i", "0")]
+        self._acc_types.update((v, ty) for ty, v, _ in vars_)
         if not self.lanes:
             body.emit(" ".join(f"{ty} {v} = {init};" for ty, v, init in vars_))
             return [v for _, v, _ in vars_]
@@ -421,6 +577,18 @@ def _nest(body: Body, syms, shape, parallel: bool) -> None:
 def _close(body: Body, depth: int) -> None:
     for d in range(max(depth, 1)):
         body.emit("  " * (max(depth, 1) - 1 - d) + "}")
+
+
+UNROLL_LANES = 64  # accumulator lanes a lanes reduction loop keeps in flight
+TINY_INNER = 4  # innermost pointwise dims this short are unrolled inside the next dim's loop
+
+# how each accumulator variable of a reduction folds b into a (max/min: value, then NaN flag)
+_COMBINE = {
+    "sum": [lambda a, b: f"{a} += {b};"],
+    "prod": [lambda a, b: f"{a} *= {b};"],
+    "max": [lambda a, b: f"{a} = ({b} > {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
+    "min": [lambda a, b: f"{a} = ({b} < {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
+}
 
 
 def _simd_pragma(reds, accs) -> str:

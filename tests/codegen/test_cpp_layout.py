@@ -1,5 +1,7 @@
 """C++ loop layout: column reductions vectorize across outer lanes, kernel-internal buffers live
 in per-thread scratch, and both give eager's results (NaN, ties, odd sizes included)."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,3 +110,57 @@ def test_outputs_keep_the_traced_dense_layout():
         out, ref = c.run([x])[0], fn(x)[0]
         assert out.stride() == ref.stride() and out.stride() != out.contiguous().stride()
         assert_same(out, ref, 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("shape,unrolled", [((32, 16), True), ((16, 3, 16), True),
+                                            ((3, 5, 48), False), ((3, 64), False)])
+def test_narrow_lane_reductions_keep_several_accumulator_sets(shape, unrolled):
+    """Fewer than 64 lanes: the innermost reduced dim is split over independent accumulator
+    sets (combined in order afterwards); same results as eager, NaN and infinities included."""
+    a, b = torch.randn(*shape), torch.randn(*shape)
+    a.view(-1)[::8] = a.view(-1)[1::8]  # ties
+    a[0, ..., 2] = float("nan")
+    a[1, ..., 3] = float("inf")  # with -inf below it: eager's var_mean is NaN there too
+    a[2, ..., 3] = -float("inf")
+    c = check(_column_reductions, a, b, atol=1e-5)
+    src = c.extra["cpp"]
+    assert "lane0" in src
+    assert bool(re.search(r"\+= t\d+\[j\];", src)) == unrolled  # a set folded into set 0
+
+
+def _channel_stats(a):
+    m = a.amax(dim=(0, 1))
+    return (*torch.var_mean(a, dim=(0, 1)), m, a.amin(dim=(0, 1)), (a * 0.01 + 1).prod(0).prod(0),
+            (a - m) * 2)
+
+
+@pytest.mark.parametrize("shape", [(7, 300, 16), (1, 2048, 16), (40, 64, 32)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_lane_block_splits_reduced_dims_over_threads(shape, threads):
+    """NHWC batch-norm statistics: one block of lanes, so the threads split the first reduced
+    dim and fold their partials in thread order: eager's results, NaN included, and the same
+    bits on every run."""
+    a = torch.randn(*shape)
+    a[0, 5, 3] = float("nan")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        c = check(_channel_stats, a, atol=1e-5)
+        assert "omp barrier" in c.extra["cpp"]
+        first, again = c.run([a]), c.run([a])
+        assert all(torch.equal(x.nan_to_num(), y.nan_to_num()) for x, y in zip(first, again))
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 10, 9), (3, 1, 4, 17), (2, 4, 6, 8), (2, 2, 5, 40)])
+def test_tiny_innermost_dims_unroll_inside_the_next_loop(shape):
+    """NCHW -> NHWC of few channels: the channel loop (1-4 iterations) is unrolled inside a
+    vector loop over the width instead of being the vector loop itself."""
+    def f(x, w):
+        return (x.permute(0, 2, 3, 1) * w).contiguous(), x.permute(0, 2, 3, 1).exp().contiguous()
+    x = torch.randn(*shape)
+    x[0, 0, 1, 2] = float("nan")
+    c = check(f, x, torch.randn(shape[1]), atol=1e-5)
+    simd_loops = re.findall(r"omp simd *\n *for \(int64_t \w+ = 0; \w+ < (\d+);", c.extra["cpp"])
+    assert simd_loops and str(shape[1]) not in simd_loops
