@@ -8,6 +8,7 @@ Node facts live in node.meta: "val" (FakeTensor) on every node.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -60,7 +61,7 @@ class GraphSignature:
     grads: tuple[int, ...]  # input indices the graph returns a grad for (others get None)
     training: bool  # False: inference graph, no tangents, no grads
 
-    @property
+    @functools.cached_property  # read several times per call by the runtime
     def mutated_inputs(self) -> tuple[int, ...]:
         return tuple(i for i, x in enumerate(self.inputs) if x.mutates_data)
 
