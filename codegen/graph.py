@@ -389,9 +389,10 @@ class GraphLowering:
         if not isinstance(v, TensorValue) or v.view is not None:
             return
         e = v(ir.symbols("t", v.shape))
-        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or _crosses(node) or \
+        crosses = _crosses(node)
+        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or \
                 (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
-            narrow = None if _crosses(node) else self._store_narrow(node, v)
+            narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
 
     def _store_narrow(self, node: fx.Node, v: TensorValue) -> Optional[TensorValue]:
