@@ -1,7 +1,8 @@
 """CompiledGraph -> the same graph replayed as a CUDA graph (options={"cudagraphs": True}; the
 default for compile_step on CUDA).
 
-Call 1 runs normally (compiles, autotunes). Call 2 captures. Inputs that keep their memory from
+Call 1 runs normally (compiles, autotunes). Call 2 captures (compile_step's default: call 2
+runs plainly, timed, and call 3 captures if worth it). Inputs that keep their memory from
 call to call (parameters, buffers, optimizer state) are captured in place; the others (the
 batch, CPU scalars such as hyperparameters, step counts and the RNG seed) get static buffers
 that each replay copies into, the CPU scalars in one host-to-device copy per dtype. Which inputs
@@ -13,20 +14,23 @@ overwrite them). The pool holds the graph's buffers between replays: `held_bytes
 of that pool, as the allocator reserved them: more than the live peak when large buffers of
 mixed sizes fragment it) is what trainc.report.peak_bytes adds for a run that replays it.
 
-compile_step's default ("auto"): a step whose copied inputs outweigh its launches is not captured
-(`worth_it`). Each graph has a private pool: a step that sees two batch shapes holds two.
+compile_step's default ("auto"): a step whose host work is under half its GPU time, or whose
+copied inputs outweigh its launches, is not captured (`worth_it`). Each graph has a private
+pool: a step that sees two batch shapes holds two.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable, Optional
 
 import torch
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph
-from trainc.codegen.wrapper import note_held
+from trainc.codegen.wrapper import note_held, pack_scalars, scalar_views
 
 MAX_CAPTURES = 3
+MIN_HOST_SHARE = 0.5  # host ms per GPU ms below which a replay saves nothing
 COPY_BYTES_PER_LAUNCH = 4 << 20  # ~ the time of one launch's host work, as bytes of copy
 STATIC_INPUTS = "trainc_static_inputs"  # gm.meta key: names of placeholders that stay put
 
@@ -56,6 +60,7 @@ class CudaGraphRunner:
         self.outs: list = []
         self.keep: set = set()
         self.held_bytes = 0
+        self.host_share: Optional[float] = None  # host ms / GPU ms of a plain call (auto)
         self.note = "not captured yet"
 
     def __call__(self, args: list) -> list:
@@ -63,6 +68,8 @@ class CudaGraphRunner:
         if self.calls == 1 or self.captures >= MAX_CAPTURES:
             self.first_ptrs = _ptrs(args)
             return self.inner(args)
+        if self.graph is None and self.launches is not None and self.host_share is None:
+            return self._timed(args)  # auto: one plain run, timed, before deciding
         if self.graph is None and not self.worth_it(args):
             self.captures = MAX_CAPTURES  # plain runs from now on
             return self.inner(args)
@@ -75,13 +82,30 @@ class CudaGraphRunner:
         return [o.clone() if isinstance(o, torch.Tensor) and o.data_ptr() not in self.keep
                 else o for o in self.outs]
 
+    def _timed(self, args: list) -> list:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        start.record()
+        out = self.inner(args)
+        end.record()
+        host = (time.perf_counter() - t) * 1e3
+        end.synchronize()
+        self.host_share = host / max(start.elapsed_time(end), 1e-3)
+        return out
+
     def worth_it(self, args: list) -> bool:
         """A replay saves the host time of each launch (a few microseconds) and costs a copy of
-        every input that does not stay put. Inputs of more than COPY_BYTES_PER_LAUNCH per
-        kernel: not worth it (H200, normact float32 step: 3 kernels, a 512 MiB batch, 3.12 ms
-        plain vs 3.47 ms replayed)."""
+        every input that does not stay put, and its private pool holds memory. Not worth it:
+        a call whose host work takes under MIN_HOST_SHARE of its GPU time (the GPU never waits
+        for the host: H200, mlp bf16 step, 25.8 ms and 3554 MiB replayed vs 2880 MiB plain),
+        or inputs of more than COPY_BYTES_PER_LAUNCH per kernel (normact float32 step: 3
+        kernels, a 512 MiB batch, 3.12 ms plain vs 3.47 ms replayed)."""
         if self.launches is None:
             return True
+        if self.host_share is not None and self.host_share < MIN_HOST_SHARE:
+            self.note = (f"not captured: its host work takes {self.host_share:.0%} of its GPU "
+                         "time (the GPU does not wait for launches)")
+            return False
         declared = self.declared or [False] * len(args)
         copied = sum(a.nbytes for a, s in zip(args, declared)
                      if isinstance(a, torch.Tensor) and a.is_cuda and not s)
@@ -130,10 +154,10 @@ class CudaGraphRunner:
                                                  device="cuda")
             self.copied.append(i)
         self.host = []
-        for dtype, pos in groups.items():
-            buf = torch.empty(len(pos), dtype=dtype, device="cuda")
-            for j, i in enumerate(pos):
-                self.static[i] = buf[j].view(args[i].shape)
+        for pos in groups.values():  # rows 16 bytes apart: aligned as the kernels assume
+            buf = pack_scalars([args[i] for i in pos]).to("cuda")
+            for i, view in zip(pos, scalar_views(buf, [args[i] for i in pos])):
+                self.static[i] = view
             self.host.append((pos, buf))
 
     def _moved(self, args: list) -> bool:
@@ -145,7 +169,7 @@ class CudaGraphRunner:
         for i in self.copied:
             self.static[i].copy_(args[i])
         for pos, buf in self.host:  # pageable source: staged by the driver, no sync
-            buf.copy_(torch.stack([args[i].reshape(()) for i in pos]), non_blocking=True)
+            buf.copy_(pack_scalars([args[i] for i in pos]), non_blocking=True)
 
 
 def _pool_bytes(pool) -> int:

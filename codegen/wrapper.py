@@ -55,6 +55,32 @@ def restride(t: torch.Tensor, stride) -> torch.Tensor:
     return out.expand(shape) if flat else out
 
 
+SCALAR_ALIGN = 16  # bytes: Triton specializes a kernel on each pointer's 16-byte alignment
+
+
+def pack_scalars(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One-element tensors of one dtype as rows of a (n, SCALAR_ALIGN // itemsize) tensor, the
+    value in column 0: row j starts 16*j bytes in, so each scalar's view is as aligned as
+    Triton's precompile assumes (packed tightly, 3 in 4 float32 views were not: their kernels
+    compiled again at their first launch)."""
+    width = max(1, SCALAR_ALIGN // ts[0].element_size())
+    return torch.stack([t.reshape(()) for t in ts]).unsqueeze(1).expand(len(ts), width).clone()
+
+
+def scalar_views(packed: torch.Tensor, ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The scalars of a packed (n, width) tensor, each viewed in its original shape."""
+    return [packed[j, 0].view(t.shape) for j, t in enumerate(ts)]
+
+
+def upload_scalars(device: torch.device, *ts: torch.Tensor) -> list[torch.Tensor]:
+    """CPU scalars of one dtype on `device` in one host-to-device copy (already there, as in a
+    CUDA graph's capture: as they are)."""
+    if all(t.device == device for t in ts):
+        return list(ts)
+    packed = pack_scalars(ts).to(device, non_blocking=True)
+    return scalar_views(packed, ts)
+
+
 _watchers: list[dict] = []
 
 
@@ -112,7 +138,8 @@ class _Writer:
         self.tensors, self.device = tensors, device
         self.lines: list[str] = []
         self.ns: dict = {"torch": torch, "restride": restride, "device": torch.device,
-                         "inf": float("inf"), "nan": float("nan"), "DEVICE": device}
+                         "upload_scalars": upload_scalars, "inf": float("inf"),
+                         "nan": float("nan"), "DEVICE": device}
         self.pool: dict[tuple, list[str]] = {}
         self.ours: set[str] = set()  # buffers the wrapper allocated (safe to reuse)
         self.storage = dict(sched.graph.storage)  # in-place result -> buffer it overwrites
@@ -274,11 +301,8 @@ class _Writer:
         groups: dict[torch.dtype, list[str]] = {}
         for name in self.host_scalars:
             groups.setdefault(self.g.buffers[name].dtype, []).append(name)
-        for k, names in enumerate(groups.values()):
-            self.emit(f"_host{k} = torch.stack([{', '.join(n + '.reshape(())' for n in names)}]"
-                      f").to(DEVICE, non_blocking=True)")
-            for j, n in enumerate(names):
-                self.emit(f"{n} = _host{k}[{j}].view({list(self.g.buffers[n].shape)})")
+        for names in groups.values():
+            self.emit(f"{', '.join(names)}, = upload_scalars(DEVICE, {', '.join(names)})")
 
     def peak_live(self, top: int = 12) -> list[tuple]:
         """The largest buffers live at the planned peak: (name, shape, dtype, bytes, graph

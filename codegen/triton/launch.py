@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from trainc.codegen.triton.compile_pool import job_spec, warm_disk_cache
 from trainc.codegen.triton.printer import KernelSource, next_pow2
 from trainc.config import Config
 
@@ -303,11 +304,16 @@ class Launcher:
         return sorted(times)[len(times) // 2]
 
 
+JOBS_PER_PROCESS = 4
+
+
 def precompile(launchers: list, workers: int) -> int:
     """Compile every kernel's launch configs concurrently before the first launch (first-call
-    latency: a graph has tens of kernels, each compiled serially at its first launch). Uses
-    Triton's AsyncCompileMode when present, else plain threads. Failures are ignored: that
-    kernel compiles at its first launch, as without this. Returns the compiles submitted."""
+    latency: a graph has tens of kernels, each compiled serially at its first launch): in
+    worker processes into Triton's disk cache (compile_pool.py), then in threads (Triton's
+    AsyncCompileMode when present), which load them from there and compile what a worker did
+    not. Failures are ignored: that kernel compiles at its first launch, as without this.
+    Returns the compiles submitted."""
     jobs, seen = [], set()
     for launcher in launchers:  # kernels that alias one function (equal layers) compile once
         for j in launcher.warmups():
@@ -317,6 +323,9 @@ def precompile(launchers: list, workers: int) -> int:
                 jobs.append(j)
     if workers <= 1 or len(jobs) <= 1:
         return 0
+    specs = [s for s in map(job_spec, jobs) if s is not None]
+    # a worker process starts in seconds (it imports torch): worth it from a few jobs each
+    warm_disk_cache(specs, min(workers, os.cpu_count() or 1, len(specs) // JOBS_PER_PROCESS))
     try:
         from triton.runtime._async_compile import AsyncCompileMode
         # older versions leave a failed compile's placeholder in the JIT cache: plain threads

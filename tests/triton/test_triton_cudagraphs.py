@@ -179,8 +179,8 @@ def test_default_graphs_of_two_batch_shapes_on_gpu():
     lf = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
     results = {}
     for option in ({}, {"cudagraphs": False}):
+        torch.manual_seed(0)  # both runs start from the same weights
         m = _mlp().cuda()
-        torch.nn.init.constant_(m[0].weight, 0.01)
         step = trainc.compile_step(m, lf, torch.optim.SGD(m.parameters(), lr=1e-2,
                                                           momentum=0.9), backend="triton",
                                    **option)
@@ -196,4 +196,34 @@ def test_default_graphs_of_two_batch_shapes_on_gpu():
         torch.testing.assert_close(a, b)
     runners = [c.graph.extra["cudagraphs"] for c in
                {id(c): c for c in results["graphs"][2].cache.values()}.values()]
-    assert len(runners) == 2 and all(r.graph is not None for r in runners)
+    # the first step runs before SGD has momentum buffers: a graph of its own, called once
+    repeated = [r for r in runners if r.calls > 1]
+    assert len(runners) == 3 and len(repeated) == 2
+    assert all(r.graph is not None for r in repeated)
+
+
+def test_auto_skips_a_step_whose_host_runs_ahead_of_the_gpu():
+    """compile_step's default measures one plain call: a step whose host work is a small share
+    of its GPU time (the GPU never waits for launches) gains nothing from a replay, and the
+    graph's pool would hold memory: not captured. A host-bound step is."""
+    from trainc.codegen.cudagraphs import CudaGraphRunner
+    runner = CudaGraphRunner(lambda args: args, static=[], launches=40)
+    runner.host_share = 0.2
+    assert not runner.worth_it([]) and "host work takes 20%" in runner.note
+    runner.host_share = 1.5
+    assert runner.worth_it([])
+    assert CudaGraphRunner(lambda args: args, launches=None).worth_it([])  # cudagraphs=True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_default_skips_a_gpu_bound_step_on_gpu():
+    """Large matmuls: the host launches a step far faster than the GPU runs it."""
+    m = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)).cuda()
+    step = trainc.compile_step(m, lambda m, x: m(x).square().mean(),
+                               torch.optim.SGD(m.parameters(), lr=1e-5), backend="triton")
+    x = torch.randn(8192, 4096, device="cuda")
+    for _ in range(4):
+        step(x)
+    runner = next(iter(step.cache.values())).graph.extra["cudagraphs"]
+    assert runner.graph is None and "host work" in runner.note, runner.note

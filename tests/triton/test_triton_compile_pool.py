@@ -1,0 +1,34 @@
+"""compile_pool: warmup jobs described for worker processes; failed workers are harmless."""
+import functools
+import textwrap
+
+import torch
+
+from trainc.codegen.triton.compile_pool import job_spec, warm_disk_cache
+from trainc.codegen.triton.launch import load_module
+from trainc.config import Config
+
+SOURCE = textwrap.dedent('''
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def double(x_ptr, y_ptr, XBLOCK: tl.constexpr):
+        i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i) * 2)
+''')
+
+
+def test_job_spec_names_module_function_dtypes_and_meta(tmp_path):
+    mod, path = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
+    job = functools.partial(mod.double.warmup, torch.bfloat16, torch.float32, grid=(1,),
+                            XBLOCK=64, num_warps=4)
+    assert job_spec(job) == (path, "double", ("bfloat16", "float32"),
+                             {"XBLOCK": 64, "num_warps": 4})
+    assert job_spec(lambda: None) is None
+
+
+def test_failing_workers_compile_nothing_and_return():
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
+    assert warm_disk_cache(specs, 2, timeout=120) == 0
+    assert warm_disk_cache(specs[:1], 4) == 0  # one job: compiled in process, no workers
