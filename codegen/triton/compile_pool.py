@@ -64,8 +64,12 @@ def _compile(spec: list, modules: dict) -> None:
         s = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
         modules[path] = importlib.util.module_from_spec(s)
         s.loader.exec_module(modules[path])
-    getattr(modules[path], name).warmup(*(getattr(torch, d) for d in dtypes), grid=(1,),
-                                        **meta)
+    kernel = getattr(modules[path], name).warmup(*(getattr(torch, d) for d in dtypes),
+                                                 grid=(1,), **meta)
+    try:  # also builds its C launcher (cached on disk per signature, ~0.4 s of gcc each)
+        kernel._init_handles()
+    except Exception:  # noqa: BLE001 (optional: the first launch builds what is missing)
+        pass
 
 
 def main() -> None:
