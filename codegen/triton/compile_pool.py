@@ -66,8 +66,10 @@ def _compile(spec: list, modules: dict) -> None:
         s.loader.exec_module(modules[path])
     kernel = getattr(modules[path], name).warmup(*(getattr(torch, d) for d in dtypes),
                                                  grid=(1,), **meta)
-    try:  # also builds its C launcher (cached on disk per signature, ~0.4 s of gcc each)
-        kernel._init_handles()
+    try:  # also its C launcher (cached on disk per signature, ~0.4 s of gcc each); not
+        # _init_handles, which would load the module: a CUDA context per worker
+        from triton.runtime import driver
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 (optional: the first launch builds what is missing)
         pass
 
