@@ -116,3 +116,21 @@ def test_generated_programs_run_eagerly_and_print(prog):
     outs = prog.fn()(*prog.make_inputs())
     assert len(outs) == len(prog.outputs) >= 1
     assert "def program(" in repr(prog) and "def make_inputs(" in repr(prog)
+
+
+def test_round_each_op_moves_results_not_views_and_scales_linearly():
+    """The conditioning runs' intermediate rounding: every functional op's float64 result moves
+    by scale unit roundoffs with fixed signs (linear in scale); views and in-place ops keep
+    aliasing their inputs."""
+    from trainc.testing.check import _RoundEachOp
+    x = torch.linspace(1, 2, 12, dtype=torch.float64)
+    moved = {}
+    for scale in (1.0, 1 / 16):
+        with _RoundEachOp(1e-6, scale):
+            y = x * 1.0
+            v = y.view(3, 4)
+            v.add_(0.0)
+        assert v.data_ptr() == y.data_ptr() and torch.equal(v.reshape(-1), y)
+        moved[scale] = (y - x) / x
+    assert 0 < moved[1.0].abs().max() <= 1e-6 * (1 + 1e-9)
+    torch.testing.assert_close(moved[1.0], 16 * moved[1 / 16])

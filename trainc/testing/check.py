@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from trainc.testing.policy import ILL_CONDITIONED, Mismatch, bitwise_equal, compare, rel_err
 
@@ -125,12 +126,19 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
                     x.requires_grad) for i, x in enumerate(make())]
         return _run(_copy(fn), None, args, seed, cast=torch.float64,
                     tangent_dtypes=tangent_dtypes, perturb=scale)
+    def run_rounding(scale: float) -> RunResult:
+        with _RoundEachOp(_unit_roundoff(make(), tangent_dtypes), scale):
+            return _run(_copy(fn), None, [_clone(x, torch.float64) for x in make()], seed,
+                        cast=torch.float64, tangent_dtypes=tangent_dtypes)
+
     out: dict[str, float] = {}
     refs = dict(_values(ref))
-    # Two patterns: every value up (a sum's own rounding) and random signs (a cancellation).
-    for pattern in (1.0, -1.0):
+    # Three patterns: every value up (a sum's own rounding), random signs (a cancellation), and
+    # every intermediate result moved (random signs: a cancellation of rounded intermediates,
+    # which moving the inputs moves together; e.g. x - mean(x) where both carry rounding).
+    for pattern, runner in ((1.0, run), (-1.0, run), (1.0, run_rounding)):
         try:
-            big, small = run(pattern), run(pattern / 16)
+            big, small = runner(pattern), runner(pattern / 16)
         except Exception:  # eager cannot run the moved inputs (e.g. out of domain): no estimate
             continue
         for (what, b), (_, s) in zip(_values(big), _values(small)):
@@ -145,6 +153,41 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
             if e_small > 0 and 8 <= e_big / e_small <= 32:
                 out[what] = max(out.get(what, 0.0), e_big)
     return out
+
+
+def _unit_roundoff(args: list, tangent_dtypes: list) -> float:
+    """The largest unit roundoff among the run's floating inputs and outputs (below float64):
+    the rounding each intermediate of the real run carries."""
+    dtypes = [x.dtype for x in args if _perturbable(x)] + [
+        d for d in tangent_dtypes if d.is_floating_point and d != torch.float64]
+    return max((torch.finfo(d).eps / 2 for d in dtypes), default=0.0)
+
+
+class _RoundEachOp(TorchDispatchMode):
+    """Moves every float64 result of a functional ATen op (forward and backward) by `scale`
+    unit roundoffs `u`, with a sign per element drawn from a generator seeded by the op's call
+    index (the same signs at every scale): the rounding error each intermediate carries in a
+    lower-precision run. Views and in-place ops are left alone (their results alias inputs)."""
+
+    def __init__(self, u: float, scale: float):
+        super().__init__()
+        self.u, self.scale, self.calls = u, scale, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if not self.u or schema.is_mutable or any(r.alias_info for r in schema.returns):
+            return out
+        self.calls += 1
+        g = torch.Generator().manual_seed(self.calls)
+
+        def move(t):
+            if not (torch.is_tensor(t) and t.dtype == torch.float64 and t.numel()
+                    and t.layout == torch.strided and t.is_contiguous()):
+                return t
+            signs = torch.randint(0, 2, t.shape, generator=g).to(t.dtype).mul_(2).sub_(1)
+            return t * (1 + self.scale * self.u * signs.to(t.device))
+        return tree_map(move, out)
 
 
 def _perturbable(x: Any) -> bool:

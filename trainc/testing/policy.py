@@ -6,7 +6,8 @@ everything else (shapes, dtypes, integer values, NaN/Inf positions) must match e
 err(eager) is one rounding sample: a value that cancels (1.427 - 1.434) is off by a few ulps of
 its terms in any evaluation order, and eager may happen to land closer. check.py therefore also
 measures each value's conditioning (how far it moves when the inputs and tangents move by one
-unit roundoff, in float64, where that response is linear) and uses it for err(eager) when larger.
+unit roundoff, or every intermediate result does, in float64, where that response is linear)
+and uses it for err(eager) when larger.
 """
 from __future__ import annotations
 
