@@ -20,6 +20,10 @@ from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
 aten = torch.ops.aten
 OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out,
                 aten.bmm.default: aten.bmm.out}
+# The same ops through torch's generated Python bindings: an OpOverload call goes through the
+# boxed operator path (CPU, 2-core box: ~1.5 us more per mm, ~5.7 us more per convolution).
+FAST_CALLS = {aten.mm.out: torch.mm, aten.addmm.out: torch.addmm, aten.bmm.out: torch.bmm,
+              aten.convolution.default: torch.convolution}
 
 
 @dataclass(frozen=True)
@@ -337,11 +341,11 @@ class _Writer:
             return
         out_variant = OUT_VARIANTS.get(c.target)
         if out_variant is not None and not c.kwargs:
-            self.ns[op] = out_variant
+            self.ns[op] = FAST_CALLS.get(out_variant, out_variant)
             self.alloc(c.outputs[0])
             self.emit(f"{op}({args}, out={c.outputs[0]})  # {c.origin}")
             return
-        self.ns[op] = c.target
+        self.ns[op] = FAST_CALLS.get(c.target, c.target)
         for o in c.outputs:
             if o is not None:
                 self._grow(self.g.buffers[o].nbytes, o)
