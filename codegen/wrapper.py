@@ -363,6 +363,8 @@ class _Writer:
         if isinstance(a, TensorArg):
             if a.whole:
                 return a.buf
+            if a.offset == 0:  # as_strided keeps the base's storage offset by default
+                return f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)})"
             return (f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)}, "
                     f"{a.buf}.storage_offset() + {a.offset})")
         if isinstance(a, (list, tuple)):

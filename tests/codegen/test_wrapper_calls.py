@@ -28,3 +28,11 @@ def test_convolution_calls_the_torch_binding():
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     c = check(lambda x, w: F.conv2d(x, w, padding=1).relu(), x, w, atol=1e-5)
     assert torch.convolution in _externs(c)
+
+
+def test_strided_views_of_extern_arguments_keep_their_offsets():
+    def f(x, w):
+        return x.t() @ w, x[2:, 2:] @ w[2:, :6]  # a view at offset 0 and two at offsets
+    c = check(f, torch.randn(8, 8), torch.randn(8, 8), atol=1e-5)
+    assert "storage_offset() + 0)" not in c.source  # offset 0: as_strided keeps the base's
+    assert "storage_offset() + 18)" in c.source
