@@ -13,7 +13,7 @@ from typing import Optional, Union
 import sympy
 
 from trainc.codegen import ir, reshape
-from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph
+from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
 from trainc.codegen import KernelInfo
 
 SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
@@ -94,6 +94,7 @@ class _Builder:
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
         self.layouts: dict[str, Buffer] = {}  # reshaped nodes' buffers as kernels index them
         self.hinted = set(g.reuse) | set(g.reuse.values())
+        self.unbound = _feeds_outputs(g)
         self.step = 0  # program position of the step being added
         self.last: dict[int, int] = {}  # kernel item -> position of its latest node
 
@@ -169,7 +170,7 @@ class _Builder:
         if kern.nodes and kern.nodes[0].region != n.region and not self._updates_input(n):
             return None
         if self.step - self.last[k] > JOIN_WINDOW and n.name not in self.g.reuse \
-                and self.g.buffers[n.name].nbytes > SMALL_RESULT:
+                and n.name not in self.unbound and self.g.buffers[n.name].nbytes > SMALL_RESULT:
             return None
         fit: Optional[tuple] = (n, None)
         outer = _join_outer(kern, n)
@@ -223,6 +224,25 @@ class _Builder:
     def _join(self, kern: Kernel, n: ComputeNode) -> None:
         kern.outer = _join_outer(kern, n)
         kern.nodes.append(n)
+
+
+def _feeds_outputs(g: LoweredGraph) -> set[str]:
+    """Graph outputs and the computed values only they (transitively) read: these live to the
+    graph's end anyway (or only until their readers, which may join with them), so joining an
+    earlier kernel outside the join window keeps nothing extra alive across the graph
+    (a forward's saved values, computed at its end, join the kernels that read their inputs)."""
+    out = {a.buf for a in g.outputs if isinstance(a, TensorArg)}
+    readers: dict[str, list] = {}
+    for step in g.steps:
+        names = _call_buffers(step) if isinstance(step, CallNode) else {l.buf for l in reads(step)}
+        for b in names:
+            readers.setdefault(b, []).append(step)
+    for step in reversed(g.steps):
+        if isinstance(step, ComputeNode) and step.name not in out:
+            rs = readers.get(step.name, [])
+            if rs and all(isinstance(r, ComputeNode) and r.name in out for r in rs):
+                out.add(step.name)
+    return out
 
 
 def _join_outer(kern: Kernel, n: ComputeNode):

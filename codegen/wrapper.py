@@ -20,6 +20,10 @@ from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
 aten = torch.ops.aten
 OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out,
                 aten.bmm.default: aten.bmm.out}
+# The same ops through torch's generated Python bindings: an OpOverload call goes through the
+# boxed operator path (CPU, 2-core box: ~1.5 us more per mm, ~5.7 us more per convolution).
+FAST_CALLS = {aten.mm.out: torch.mm, aten.addmm.out: torch.addmm, aten.bmm.out: torch.bmm,
+              aten.convolution.default: torch.convolution}
 
 
 @dataclass(frozen=True)
@@ -361,11 +365,11 @@ class _Writer:
             return
         out_variant = OUT_VARIANTS.get(c.target)
         if out_variant is not None and not c.kwargs:
-            self.ns[op] = out_variant
+            self.ns[op] = FAST_CALLS.get(out_variant, out_variant)
             self.alloc(c.outputs[0])
             self.emit(f"{op}({args}, out={c.outputs[0]})  # {c.origin}")
             return
-        self.ns[op] = c.target
+        self.ns[op] = FAST_CALLS.get(c.target, c.target)
         for o in c.outputs:
             if o is not None:
                 self._grow(self.g.buffers[o].nbytes, o)
@@ -383,6 +387,8 @@ class _Writer:
         if isinstance(a, TensorArg):
             if a.whole:
                 return a.buf
+            if a.offset == 0:  # as_strided keeps the base's storage offset by default
+                return f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)})"
             return (f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)}, "
                     f"{a.buf}.storage_offset() + {a.offset})")
         if isinstance(a, (list, tuple)):

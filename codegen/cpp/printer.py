@@ -18,6 +18,8 @@ from trainc.codegen.cpp.lanes import choose_lanes, flatten_loop
 from trainc.codegen.cpp.narrow import KEEPS_NARROW, is_narrow
 from trainc.codegen.cpp.reuse import plan_reuse
 from trainc.codegen.cpp.threads import gather_partials, split_for, split_threads_header
+from trainc.codegen.cpp.transpose import ROW as TILE_ROW
+from trainc.codegen.cpp.transpose import open_block, tiled_stores, write_block
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
@@ -210,6 +212,7 @@ class KernelPrinter:
         self._parts: list[str] = []  # shared partial arrays of a thread split
         self._acc_types: dict[str, str] = {}
         self._guard = False  # stores only from thread 0 (values every thread holds)
+        self._tiles: dict[str, str] = {}  # node -> store index, stored through a tile here
 
     def _vector_dim(self, k: int) -> tuple:
         """(symbol, extent) of the index loop k vectorizes along; (None, 0) if none."""
@@ -254,18 +257,14 @@ class KernelPrinter:
     def store(self, body: Body, n: ComputeNode, index: str, v: str, op: str = "=") -> None:
         param = self.rename.get(n.name, n.name)
         self.params[param] = True
-        dt = n.dtype
         target = f"{param}[{index}]"
         if op == "+=":
-            cur = f"bf2f({target})" if dt == torch.bfloat16 else target
+            cur = f"bf2f({target})" if n.dtype == torch.bfloat16 else target
             v = f"({cur} + {v})"
-        if dt == torch.bfloat16:
-            v = f"f2bf({v})"
-        elif dt == torch.float16:
-            v = f"(_Float16)({v})"
-        else:
-            v = f"({STORAGE[dt]})({v})"
-        body.emit(f"{'if (tid == 0) ' if self._guard else ''}{target} = {v};")
+        body.emit(f"{'if (tid == 0) ' if self._guard else ''}{target} = {_stored(n.dtype, v)};")
+
+    def index_text(self, e) -> str:
+        return index_code(e)
 
     def _scratch_slot(self, body: Body, buf: str, index) -> str:
         """Where `buf[index]` lives in the buffer's scratch array (lane-major with lanes)."""
@@ -369,14 +368,19 @@ class KernelPrinter:
         if unroll > 1:  # the innermost reduced dim runs `unroll` iterations per trip
             loop_extents[-1] = int(extents[-1]) // unroll
             loop_syms[-1] = ir.new_symbol("i", loop_extents[-1])
+        self._tiles = tiled_stores(self, lp, osyms, loop_syms, loop_extents, dims, unroll, tiny)
         for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
             if d == len(loop_syms) - 1 and simd and not self.lanes:
                 outer.emit(_simd_pragma(reds, accs))
+            if self._tiles and d == len(loop_syms) - 1:
+                types = {x: STORAGE[self.g.buffers[x].dtype] for x in self._tiles}
+                open_block(outer, "  " * d, s, size, self._tiles, types)
+                continue
             head = split_for(s.name, size) if self.split and d == 0 else \
                 f"for (int64_t {s.name} = 0; {s.name} < {size}; ++{s.name}) {{"
             outer.emit("  " * d + head)
         self._guard = self.split and not isyms  # every thread runs the whole loop
-        depth = len(loop_syms)
+        depth = len(loop_syms) + (1 if self._tiles else 0)  # a tiled loop runs in blocks
         if self.lanes:  # innermost: the lanes of the last outer dim, independent accumulators
             self._open_lanes(outer, "  " * depth, simd)
             depth += 1
@@ -413,6 +417,11 @@ class KernelPrinter:
         self.values = saved
         for d in range(max(depth, 1)):
             outer.emit("  " * (max(depth, 1) - 1 - d) + "}")
+            if self._tiles and d == 1:  # the lanes and the block's iterations are closed
+                params = {x: self.rename.get(x, x) for x in self._tiles}
+                write_block(outer, "  " * len(loop_syms), loop_syms[-1], osyms[-1],
+                            self._tiles, params)
+        self._tiles = {}
         if unroll > 1:
             self._combine(outer, reds, sets)
         if self.split and isyms and reds:
@@ -475,6 +484,9 @@ class KernelPrinter:
         index = ir.linear(osyms + isyms, b.stride)
         if n.name in self.k.scratch:
             body.emit(f"{n.name}_s[{self._scratch_slot(body, n.name, index)}] = {v};")
+        elif n.name in self._tiles:
+            self.params[self.rename.get(n.name, n.name)] = True
+            body.emit(f"{n.name}_t[{TILE_ROW}][j] = {_stored(n.dtype, v)};")
         elif n.name not in self.k.local:
             self.store(body, n, body.index(index), v)
         self.values[n.name] = v
@@ -589,6 +601,15 @@ _COMBINE = {
     "max": [lambda a, b: f"{a} = ({b} > {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
     "min": [lambda a, b: f"{a} = ({b} < {a}) ? {b} : {a};", lambda a, b: f"{a} |= {b};"],
 }
+
+
+def _stored(dt: torch.dtype, v: str) -> str:
+    """v converted to dtype's storage type."""
+    if dt == torch.bfloat16:
+        return f"f2bf({v})"
+    if dt == torch.float16:
+        return f"(_Float16)({v})"
+    return f"({STORAGE[dt]})({v})"
 
 
 def _simd_pragma(reds, accs) -> str:

@@ -65,9 +65,25 @@ def test_late_node_does_not_join_an_early_kernel():
         h = a
         for _ in range(20):  # twenty program steps (externs) between the two uses of x
             h = h @ w
-        return h, x.sin() * 2  # joining `a`'s kernel would keep this result alive all along
+        # joining `a`'s kernel would keep sin * 2 alive all along, for the last mm
+        return h, (x.sin() * 2) @ w
     c = check(f, torch.randn(128, 256), torch.randn(256, 256) / 16, rtol=1e-4, atol=1e-4)
     assert len(c.kernels) == 2  # exp (realized for the first mm) and sin * 2, apart
+
+
+def test_late_values_only_outputs_read_join_an_early_kernel():
+    """A forward's saved values come at its end; outputs live to the end anyway, and so does a
+    value only outputs read, so they join the kernel that reads the same input (one pass)."""
+    def f(x, w):
+        a = x.exp()
+        h = a
+        for _ in range(20):
+            h = h @ w
+        t = (x * 0.7).tanh().exp().sin()  # expensive, read by two outputs: materialized
+        return h, t + 1, t * x
+    c = check(f, torch.randn(128, 256), torch.randn(256, 256) / 16, rtol=1e-4, atol=1e-4)
+    assert len(c.kernels) == 1
+    assert c.kernels[0].bytes_read == 128 * 256 * 4  # x once
 
 
 def test_upcast_of_a_stored_16_bit_value_is_stored_narrow():
