@@ -1,7 +1,7 @@
 """CPU/GPU benchmark: eager vs torch.compile (Inductor) vs trainc on the shared models.
 
 Per model: first-call seconds (compile), then median step ms over interleaved steps in one
-process (eager, inductor, trainc, eager, ...), and trainc's kernel count. On CUDA also peak MiB
+process (each round in a fresh random order, seeded), and trainc's kernel count. On CUDA also peak MiB
 and, for trainc's three largest generated kernels (bytes they must move, from the scheduler),
 achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s. Usage:
   python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import random
 import statistics
 import sys
 import time
@@ -70,8 +71,9 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str,
             _sync(device)
             row[f"{mode}_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
         runs[mode] = (step, [])
-    for _ in range(iters):
-        for mode in MODES:
+    order = random.Random(0)
+    for _ in range(iters):  # a fresh order each round: a fixed one favours the later modes
+        for mode in order.sample(MODES, len(MODES)):
             step, times = runs[mode]
             _sync(device)
             t0 = clock()
