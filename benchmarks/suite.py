@@ -1,9 +1,9 @@
 """CPU/GPU benchmark: eager vs torch.compile (Inductor) vs trainc on the shared models.
 
 Per model: first-call seconds (compile), then median step ms over interleaved steps in one
-process (each round in a fresh random order, seeded), and trainc's kernel count. On CUDA also peak MiB
-and, for trainc's three largest generated kernels (bytes they must move, from the scheduler),
-achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s. Usage:
+process (each round in a fresh random order, seeded), and trainc's kernel count. On CUDA also
+peak MiB and, for trainc's three largest generated kernels (bytes they must move, from the
+scheduler), achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s. Usage:
   python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
 `--threads 1` times steps in thread CPU time (a loaded shared box skews 2-thread wall time);
 first-call seconds are then the process's CPU seconds too.

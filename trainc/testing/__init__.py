@@ -18,5 +18,5 @@ from trainc.testing.programs import (InputSpec, Program, ReplayFunctional, Unrep
                                      programs)
 
 __all__ = ["assert_grads_match", "programs", "module_stacks", "Program", "ModuleStack",
-           "InputSpec", "ReplayFunctional", "UnreplayableDropout", "Mismatch", "TOLERANCES", "compare", "rel_err",
-           "bitwise_equal"]
+           "InputSpec", "ReplayFunctional", "UnreplayableDropout", "Mismatch", "TOLERANCES",
+           "compare", "rel_err", "bitwise_equal"]
