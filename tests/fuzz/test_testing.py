@@ -134,3 +134,6 @@ def test_round_each_op_moves_results_not_views_and_scales_linearly():
         moved[scale] = (y - x) / x
     assert 0 < moved[1.0].abs().max() <= 1e-6 * (1 + 1e-9)
     torch.testing.assert_close(moved[1.0], 16 * moved[1 / 16])
+    with _RoundEachOp(1e-6, 1.0, draw=2):  # another draw: other signs
+        y2 = x * 1.0
+    assert not torch.equal((y2 - x) / x, moved[1.0])

@@ -6,6 +6,7 @@ buffers are compared; the compiled artifact is also run twice under one seed: bi
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -126,19 +127,22 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
                     x.requires_grad) for i, x in enumerate(make())]
         return _run(_copy(fn), None, args, seed, cast=torch.float64,
                     tangent_dtypes=tangent_dtypes, perturb=scale)
-    def run_rounding(scale: float) -> RunResult:
-        with _RoundEachOp(_unit_roundoff(make(), tangent_dtypes), scale):
+    def run_rounding(scale: float, draw: int) -> RunResult:
+        with _RoundEachOp(_unit_roundoff(make(), tangent_dtypes), scale, draw):
             return _run(_copy(fn), None, [_clone(x, torch.float64) for x in make()], seed,
                         cast=torch.float64, tangent_dtypes=tangent_dtypes)
 
     out: dict[str, float] = {}
     refs = dict(_values(ref))
-    # Three patterns: every value up (a sum's own rounding), random signs (a cancellation), and
-    # every intermediate result moved (random signs: a cancellation of rounded intermediates,
-    # which moving the inputs moves together; e.g. x - mean(x) where both carry rounding).
-    for pattern, runner in ((1.0, run), (-1.0, run), (1.0, run_rounding)):
+    # Patterns: every value up (a sum's own rounding), random signs (a cancellation), and every
+    # intermediate result moved with random signs, two draws (a cancellation of rounded
+    # intermediates, which moving the inputs moves together: tanh(x) - erf(tanh(x)); one draw
+    # can move both terms alike and see nothing).
+    patterns = [lambda scale: run(scale), lambda scale: run(-scale)]
+    patterns += [functools.partial(run_rounding, draw=d) for d in (1, 2)]
+    for runner in patterns:
         try:
-            big, small = runner(pattern), runner(pattern / 16)
+            big, small = runner(1.0), runner(1.0 / 16)
         except Exception:  # eager cannot run the moved inputs (e.g. out of domain): no estimate
             continue
         for (what, b), (_, s) in zip(_values(big), _values(small)):
@@ -169,9 +173,9 @@ class _RoundEachOp(TorchDispatchMode):
     index (the same signs at every scale): the rounding error each intermediate carries in a
     lower-precision run. Views and in-place ops are left alone (their results alias inputs)."""
 
-    def __init__(self, u: float, scale: float):
+    def __init__(self, u: float, scale: float, draw: int = 1):
         super().__init__()
-        self.u, self.scale, self.calls = u, scale, 0
+        self.u, self.scale, self.draw, self.calls = u, scale, draw, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -179,7 +183,7 @@ class _RoundEachOp(TorchDispatchMode):
         if not self.u or schema.is_mutable or any(r.alias_info for r in schema.returns):
             return out
         self.calls += 1
-        g = torch.Generator().manual_seed(self.calls)
+        g = torch.Generator().manual_seed(self.draw * 1_000_003 + self.calls)  # 32-bit seeds
 
         def move(t):
             if not (torch.is_tensor(t) and t.dtype == torch.float64 and t.numel()
