@@ -99,6 +99,20 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
     return backend
 
 
+def compile_workers(name: str, device: torch.device, config: "Config", size: int):
+    """A context for one graph's compile: on CUDA with Triton, its compile worker processes
+    start here, so they import torch while the graph is traced (codegen/triton/compile_pool);
+    one per 4 of `size` (the captured graph's nodes), up to triton_compile_workers: a small
+    graph compiles in process sooner than workers start."""
+    import contextlib
+    import os
+    if (backend_name(name, device) != "triton" or device.type != "cuda"
+            or os.environ.get("TRITON_INTERPRET", "") not in ("", "0")):
+        return contextlib.nullcontext()
+    from trainc.codegen.triton.compile_pool import workers
+    return workers(min(config.triton_compile_workers, os.cpu_count() or 1, size // 4))
+
+
 class _CudaGraphs:
     """Any backend, its compiled graphs replayed as CUDA graphs."""
 

@@ -288,12 +288,17 @@ class _Writer:
         self._upload_host_scalars()
         for name, t in g.consts.items():
             self.ns[name] = t
+        launches = self.tensors and any(isinstance(it, Kernel) for it in self.s.items)
+        if launches:  # Triton: the stream and launch hooks, looked up once per call
+            self.emit("K.begin()")
         for k, item in enumerate(self.s.items):
             if isinstance(item, Kernel):
                 self._kernel(item)
             else:
                 self._call(item)
             self.free(k, item)
+        if launches:  # (a call that raised leaves it set: the next call sets it again)
+            self.emit("K.end()")
         outs = ", ".join(self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"

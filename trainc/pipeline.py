@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from trainc import artifact_cache, debug, records
-from trainc.codegen import get_backend
+from trainc.codegen import compile_workers, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config
 from trainc.graph import InputKind
@@ -30,6 +30,15 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
         records.publish(dataclasses.replace(record, graph_id=gid, compile_seconds=
                                             time.perf_counter() - t0), config)
         return art
+    with compile_workers(config.backend, _device(args), config, len(gm.graph.nodes)):
+        art, record = _compile(gm, args, kinds, training, config, gid, t0)
+    artifact_cache.store(key, art, record, config)
+    records.publish(record, config)
+    return art
+
+
+def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], training: bool,
+             config: Config, gid: int, t0: float) -> tuple[Artifact, records.GraphRecord]:
     dump = debug.Dumper(config, gid)
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
@@ -51,9 +60,7 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
-    artifact_cache.store(key, art, record, config)
-    records.publish(record, config)
-    return art
+    return art, record
 
 
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trainc import attention, debug, decomps, records, rng
-from trainc.codegen import CompiledGraph, backend_name, get_backend
+from trainc.codegen import CompiledGraph, backend_name, compile_workers, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
@@ -147,6 +147,12 @@ class CompiledStep:
         layout = _Layout(tuple(used), tuple(self.params[i][1].grad is not None for i in used),
                          tuple(fresh), keys, len(batch))
         flat = self._flat_inputs(layout, batch)
+        # about 4 graph nodes per parameter (one layer's ops): the worker count's scale
+        with compile_workers(self.config.backend, _device(flat), self.config, 4 * len(used)):
+            return self._compile_graph(layout, flat, accumulate, t0, gid)
+
+    def _compile_graph(self, layout: "_Layout", flat: list, accumulate: bool, t0: float,
+                       gid: int) -> _Compiled:
         budget = self.config.memory_budget is not None
         gm, mutated, has_rng = self._trace(layout, flat, accumulate, budget)
         sig = self._signature(layout, flat, mutated, has_rng, gm, budget)

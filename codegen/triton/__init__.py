@@ -18,7 +18,8 @@ from trainc.codegen.graph import CONVOLUTIONS, CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.storage import plan_storage
-from trainc.codegen.triton.launch import Launcher, load_module, precompile
+from trainc.codegen.triton.launch import (Launcher, begin_call, end_call, load_module,
+                                          precompile)
 from trainc.codegen.triton.printer import PERSISTENT_LIMIT, PRELUDE, kernel_source
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
@@ -108,7 +109,10 @@ def _module_body(sources: list) -> str:
 
 
 class _Kernels:
-    """Namespace of kernel launchers, as the wrapper calls them (K.kernel3(buf0, buf1))."""
+    """Namespace of kernel launchers, as the wrapper calls them (K.kernel3(buf0, buf1)), and
+    the per-call launch context (K.begin() ... K.end())."""
+    begin = staticmethod(begin_call)
+    end = staticmethod(end_call)
 
 
 def graph_device(gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:

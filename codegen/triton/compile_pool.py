@@ -8,13 +8,15 @@ multiprocessing worker imports the user's main script again.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import subprocess
 import sys
-import tempfile
-from typing import Optional
+import threading
+import time
+from typing import Iterator, Optional
 
 import torch
 
@@ -33,28 +35,90 @@ def job_spec(job) -> Optional[tuple]:
             meta)
 
 
+class Workers:
+    """Worker processes that read job specs (JSON lines) on stdin and answer "ok" or "failed"
+    per job on stdout. Started before tracing (`workers`), they import torch and Triton while
+    the lead traces; one set serves a graph's forward and backward."""
+
+    def __init__(self, n: int):
+        _exiting[:] = [p for p in _exiting if p.poll() is None]
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "trainc.codegen.triton.compile_pool"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True) for _ in range(n)]
+
+    def compile(self, specs: list[tuple], timeout: float = 600.0) -> int:
+        """Compile `specs` round robin; how many compiled. A worker that dies or runs past
+        `timeout` is dropped (its kernels compile in process)."""
+        procs = [p for p in self.procs if p.poll() is None]
+        done = [0] * len(procs)
+
+        def serve(k: int) -> None:
+            p, jobs = procs[k], specs[k::len(procs)]
+            try:
+                p.stdin.write("".join(json.dumps(j) + "\n" for j in jobs))
+                p.stdin.flush()
+                done[k] = sum(p.stdout.readline() == "ok\n" for _ in jobs)
+            except (OSError, ValueError):
+                p.kill()
+
+        threads = [threading.Thread(target=serve, args=(k,), daemon=True)
+                   for k in range(min(len(procs), len(specs)))]
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.start()
+        for k, t in enumerate(threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                procs[k].kill()
+        return sum(done)
+
+    def close(self) -> None:
+        """End each worker's input (it exits); not waited for: reaped by the next set."""
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        _exiting.extend(self.procs)
+
+
+_exiting: list = []  # closed workers still shutting down
+
+
+_active: Optional[Workers] = None  # the workers of the graph being compiled
+
+
+@contextlib.contextmanager
+def workers(n: int) -> Iterator[None]:
+    """Keep `n` workers for the compiles inside the block (nested blocks share them)."""
+    global _active
+    if n <= 1 or _active is not None:
+        yield
+        return
+    _active = Workers(n)
+    try:
+        yield
+    finally:
+        _active.close()
+        _active = None
+
+
 def warm_disk_cache(specs: list[tuple], workers: int, timeout: float = 600.0) -> int:
-    """Compile `specs` (job_spec tuples) in up to `workers` processes, round robin; returns
-    how many compiled. Best effort: a failed or missing worker leaves its kernels to the
-    in-process compile."""
-    workers = min(workers, len(specs))
+    """Compile `specs` (job_spec tuples) in the active workers, or else in up to `workers`
+    new processes; returns how many compiled. Best effort: a failed or missing worker leaves
+    its kernels to the in-process compile."""
+    if len(specs) <= 1:
+        return 0
+    if _active is not None:
+        return _active.compile(specs, timeout)
     if workers <= 1:
         return 0
-    procs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for w in range(workers):
-                path = os.path.join(tmp, f"jobs{w}.json")
-                with open(path, "w") as f:
-                    json.dump(specs[w::workers], f)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "trainc.codegen.triton.compile_pool", path],
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-            return sum(p.communicate(timeout=timeout)[0].count("ok\n") for p in procs)
-        except (OSError, subprocess.SubprocessError):
-            for p in procs:
-                p.kill()
-            return 0
+    pool = Workers(min(workers, len(specs)))
+    try:
+        return pool.compile(specs, timeout)
+    finally:
+        pool.close()
 
 
 def _compile(spec: list, modules: dict) -> None:
@@ -75,12 +139,10 @@ def _compile(spec: list, modules: dict) -> None:
 
 
 def main() -> None:
-    with open(sys.argv[1]) as f:
-        jobs = json.load(f)
     modules: dict = {}
-    for spec in jobs:
+    for line in sys.stdin:  # one job per line until the lead closes the pipe
         try:
-            _compile(spec, modules)
+            _compile(json.loads(line), modules)
             print("ok", flush=True)
         except Exception as e:  # noqa: BLE001 (the in-process compile reports real errors)
             print("failed", type(e).__name__, flush=True)

@@ -32,3 +32,19 @@ def test_failing_workers_compile_nothing_and_return():
     specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
     assert warm_disk_cache(specs, 2, timeout=120) == 0
     assert warm_disk_cache(specs[:1], 4) == 0  # one job: compiled in process, no workers
+
+
+def test_workers_started_for_a_graph_serve_each_batch_then_exit():
+    """compile_pool.workers(n): the same processes answer every batch inside the block (the
+    forward's and the backward's kernels), then get end of input and exit."""
+    from trainc.codegen.triton import compile_pool
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
+    with compile_pool.workers(2):
+        procs = list(compile_pool._active.procs)
+        assert warm_disk_cache(specs, 2) == 0  # answered "failed": nothing compiled
+        assert warm_disk_cache(specs, 2) == 0
+        assert [p.poll() for p in procs] == [None, None]  # still serving
+        with compile_pool.workers(2):  # nested: shares them
+            assert compile_pool._active.procs == procs
+    assert compile_pool._active is None
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]

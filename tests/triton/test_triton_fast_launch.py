@@ -43,3 +43,23 @@ def test_fast_launches_match_the_jit_path(cudagraphs):
         launch.Launcher._run = orig
     fast_ones = {id(s) for s in seen if s.config.triton_fast_launch and s._bins}
     assert fast_ones, "no launcher kept a compiled kernel"
+
+
+def test_fast_launches_run_on_the_callers_stream():
+    """The wrapper looks the stream up once per call (launch.begin_call): kernels launched on a
+    side stream must wait for work queued before them there (a launch on the default stream
+    would read `a` before the delayed copy writes it)."""
+    fn = trainc.compile(lambda a: (a * 2).sum(1), backend="triton")
+    src = torch.randn(512, 4096, device="cuda")
+    a = torch.zeros_like(src)
+    for _ in range(3):  # the first call takes the JIT path; later calls the fast one
+        fn(a)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms: the copy lands long after the launch
+        a.copy_(src)
+        out = fn(a)
+    side.synchronize()
+    torch.testing.assert_close(out, (src.double() * 2).sum(1).float(), rtol=1e-4, atol=1e-3)
+    assert getattr(launch._call, "ctx", None) is None  # reset when the call returned

@@ -50,3 +50,19 @@ def test_worker_processes_compile_warmup_jobs(tmp_path):
     specs = [job_spec(functools.partial(mod.double.warmup, torch.float32, torch.float32,
                                         grid=(1,), XBLOCK=x)) for x in (64, 128, 256)]
     assert warm_disk_cache(specs, 2) == 3
+
+
+def test_workers_of_one_graph_compile_several_batches(tmp_path):
+    """The workers a graph's compile starts (compile_pool.workers) compile real jobs in
+    every batch they get."""
+    import functools
+    from test_triton_compile_pool import SOURCE
+    from trainc.codegen.triton import compile_pool
+    from trainc.codegen.triton.launch import load_module
+    from trainc.config import Config
+    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
+    spec = lambda x, d: compile_pool.job_spec(functools.partial(  # noqa: E731
+        mod.double.warmup, d, d, grid=(1,), XBLOCK=x))
+    with compile_pool.workers(2):
+        assert compile_pool.warm_disk_cache([spec(x, torch.float32) for x in (64, 128)], 2) == 2
+        assert compile_pool.warm_disk_cache([spec(x, torch.float16) for x in (64, 128)], 2) == 2
