@@ -59,7 +59,8 @@ class _LossModule(torch.nn.Module):
 
 
 class CompiledStep:
-    """`step(*batch) -> loss`: one optimizer step; `step(*batch, accumulate=True)` only adds grads."""
+    """`step(*batch) -> loss`: one optimizer step; `step(*batch, accumulate=True)` only adds
+    grads."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                  clip_grad_norm: Optional[float], config: Config, optimizer_hooks: str = "error"):
