@@ -65,9 +65,10 @@ class Config:
     # launcher directly, not through the JIT's per-call binding (codegen/triton/launch.py
     # Launcher._run; TRAINC_TRITON_FAST_LAUNCH=0: off)
     triton_fast_launch: bool = True
-    # backend="triton" on CUDA: processes (at most one per CPU) and threads compiling a graph's
-    # kernels concurrently at compile time instead of one by one at their first launch (0 or
-    # 1: no precompile; codegen/triton/compile_pool.py)
+    # backend="triton" on CUDA: processes (at most one per CPU and per 4 captured graph nodes,
+    # started before tracing) and threads compiling a graph's kernels concurrently at compile
+    # time instead of one by one at their first launch (0 or 1: no precompile;
+    # codegen/triton/compile_pool.py)
     triton_compile_workers: int = 16
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
