@@ -42,10 +42,15 @@ class Workers:
 
     def __init__(self, n: int):
         _exiting[:] = [p for p in _exiting if p.poll() is None]
-        self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "trainc.codegen.triton.compile_pool"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True) for _ in range(n)]
+        self.procs = []
+        for _ in range(n):
+            try:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "trainc.codegen.triton.compile_pool"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                    text=True))
+            except OSError:  # no more processes: fewer workers (none: all in process)
+                break
 
     def compile(self, specs: list[tuple], timeout: float = 600.0) -> int:
         """Compile `specs` round robin; how many compiled. A worker that dies or runs past

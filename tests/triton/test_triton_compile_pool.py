@@ -48,3 +48,20 @@ def test_workers_started_for_a_graph_serve_each_batch_then_exit():
             assert compile_pool._active.procs == procs
     assert compile_pool._active is None
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
+
+
+def test_workers_that_cannot_start_leave_compiles_in_process(monkeypatch):
+    """A worker process that cannot be started (no processes left) is not an error: the
+    kernels compile in process."""
+    import subprocess
+    from trainc.codegen.triton import compile_pool
+
+    def refuse(*a, **k):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
+    with compile_pool.workers(2):
+        assert compile_pool._active.procs == []
+        assert warm_disk_cache(specs, 2) == 0
+    assert warm_disk_cache(specs, 2) == 0
