@@ -363,9 +363,9 @@ class GraphLowering:
         if buf == old or self.g.buffers[buf].kind not in ("compute", "call"):
             return
         self.g.reuse.setdefault(buf, old)
-        new = self.g.steps[n_steps:]
-        if len(new) == 1 and isinstance(new[0], CallNode) and new[0].outputs == (buf,):
-            new[0].inplace = (target, key)
+        new = self.g.steps[n_steps:]  # the call, after any arguments it realized
+        if new and isinstance(new[-1], CallNode) and new[-1].outputs == (buf,):
+            new[-1].inplace = (target, key)
 
     def _call_functional(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:
         args = _map(self._env, node.args)

@@ -68,6 +68,17 @@ def accumulating_backward(bwd: fx.GraphModule, plan: AccumulatePlan) -> fx.Graph
         with g.inserting_after(last):
             acc = last = g.placeholder(f"grad_into_{k}")
         acc.meta["val"] = val(new)
+        factors = _product(new, out)
+        if factors is not None:  # the library adds the product into .grad itself (beta=1)
+            with g.inserting_after(new):
+                total = g.call_function(aten.addmm_.default, (acc, *factors))
+            total.meta["val"] = val(new)
+            results[k] = total
+            out.args = (type(out.args[0])(results),)
+            while new.op == "call_function" and not new.users:
+                new, dead = new.args[0], new
+                g.erase_node(dead)
+            continue
         anchor = new if new.op != "placeholder" else first_op.prev
         with g.inserting_after(anchor):
             total = g.call_function(aten.add.Tensor, (acc, new))
@@ -79,6 +90,28 @@ def accumulating_backward(bwd: fx.GraphModule, plan: AccumulatePlan) -> fx.Graph
     g.lint()
     gm.recompile()
     return gm
+
+
+def _product(node: fx.Node, out: fx.Node) -> Optional[tuple]:
+    """(a, b) when `node`, returned once and read by nothing else, is mm(a, b) or a transpose
+    of one ((a @ b)^T = b^T @ a^T, as permute nodes on b and a), each link read only there."""
+    if list(node.users) != [out] or sum(a is node for a in out.args[0]) != 1:
+        return None
+    flip = False
+    while node.target is aten.permute.default and len(node.args[0].users) == 1:
+        flip ^= list(node.args[1]) == [1, 0]
+        node = node.args[0]
+    if node.op != "call_function" or node.target is not aten.mm.default:
+        return None
+    a, b = node.args
+    if not flip:
+        return a, b
+    g = node.graph
+    with g.inserting_before(node):
+        bt, at = (g.call_function(aten.permute.default, (x, [1, 0])) for x in (b, a))
+    for t, x in ((bt, b), (at, a)):
+        t.meta["val"] = val(x).permute(1, 0)
+    return bt, at
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:

@@ -173,23 +173,29 @@ def test_create_graph_still_refuses(models):
         fn(_x(0)).sum().backward(create_graph=True)
 
 
-def test_each_weight_gradient_is_added_right_after_its_mm():
-    torch.manual_seed(0)
-    arts = []
-    real = trainc.pipeline.compile_graph
-
-    def keep(*a, **k):
-        arts.append(real(*a, **k))
-        return arts[-1]
-    net = _Net()
+def _acc_source(monkeypatch) -> list[str]:
+    """The accumulating backward's wrapper lines for a fresh _Net."""
     import trainc.capture as capture
-    capture_real, capture.compile_graph = capture.compile_graph, keep
-    try:
-        fn = trainc.compile(net, backend="cpp")
-        fn(_x(0).requires_grad_()).sum().backward()
-    finally:
-        capture.compile_graph = capture_real
-    lines = [ln.strip() for ln in arts[0].bwd_acc.source.split("run(args):")[1].splitlines()]
+    arts = []
+    real = capture.compile_graph
+    monkeypatch.setattr(capture, "compile_graph", lambda *a, **k: arts.append(real(*a, **k))
+                        or arts[-1])
+    torch.manual_seed(0)
+    trainc.compile(_Net(), backend="cpp")(_x(0)).sum().backward()
+    return [ln.strip() for ln in arts[0].bwd_acc.source.split("run(args):")[1].splitlines()]
+
+
+def test_weight_gradients_are_added_by_addmm_into_grad(monkeypatch):
+    lines = _acc_source(monkeypatch)
+    adds = [ln for ln in lines if "extern in place addmm_" in ln]
+    assert len(adds) == 2, "fc1.weight and fc2.weight: .grad += a @ b in one library call"
+    assert not any("[32, 16]" in ln or "[16, 32]" in ln for ln in lines if "empty" in ln), \
+        "a weight-shaped gradient buffer is still allocated"
+
+
+def test_each_other_gradient_is_added_right_after_it_is_made(monkeypatch):
+    monkeypatch.setattr(accumulate, "_product", lambda *a: None)  # an mm now makes a buffer
+    lines = _acc_source(monkeypatch)
     into = set(re.findall(r"= (arg\d+)  # in place", "\n".join(lines)))
     calls = [ln for ln in lines if re.match(r"(op_\d+|K\.kernel\d+)\(", ln)]
     adds = 0
