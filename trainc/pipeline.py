@@ -40,8 +40,8 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
         if joint.signature.training else None
     post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
-    plan = plan_accumulation(part.bwd, joint.signature, args) \
-        if part and config.accumulate_grads and backend.name == "cpp" else None
+    plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
+        if part and config.accumulate_grads is not False and backend.name == "cpp" else None
     acc_gm = accumulating_backward(part.bwd, plan) if plan else None
     bwd_gm = run_passes(part.bwd, post) if part else None
     stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,

@@ -28,7 +28,8 @@ def models():
     net = _Net()
     ref = _Net().double()
     ref.load_state_dict(net.state_dict())
-    return torch.compile(net, backend="trainc", options={"backend": "cpp"}), net, ref
+    return torch.compile(net, backend="trainc", options={"backend": "cpp",
+                                                         "accumulate_grads": True}), net, ref
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ def _acc_source(monkeypatch) -> list[str]:
     monkeypatch.setattr(capture, "compile_graph", lambda *a, **k: arts.append(real(*a, **k))
                         or arts[-1])
     torch.manual_seed(0)
-    trainc.compile(_Net(), backend="cpp")(_x(0)).sum().backward()
+    trainc.compile(_Net(), backend="cpp", accumulate_grads=True)(_x(0)).sum().backward()
     return [ln.strip() for ln in arts[0].bwd_acc.source.split("run(args):")[1].splitlines()]
 
 
@@ -207,3 +208,18 @@ def test_each_other_gradient_is_added_right_after_it_is_made(monkeypatch):
                 assert j <= k + 2, f"{ln} is added into .grad late: {calls[k:j + 1]}"
                 adds += 1
     assert adds == 2, "fc1.weight and fc2.weight: mm, then the add into .grad"
+
+
+def test_small_gradients_keep_one_backward():
+    arts = []
+    import trainc.capture as capture
+    real = capture.compile_graph
+    try:
+        capture.compile_graph = lambda *a, **k: arts.append(real(*a, **k)) or arts[-1]
+        for option in (None, False):
+            torch.manual_seed(0)
+            trainc.compile(_Net(), backend="cpp", accumulate_grads=option)(_x(0)).sum().backward()
+    finally:
+        capture.compile_graph = real
+    assert [a.bwd_acc for a in arts] == [None, None], "1.7 KiB of gradients: not worth it"
+    assert [a.bwd is not None for a in arts] == [True, True]
