@@ -141,7 +141,7 @@ def targets(ctx, plan: AccumulatePlan, params: Sequence[torch.Tensor],
         g = p.grad
         if g is None or type(g) is not torch.Tensor or g.layout != torch.strided \
                 or g.requires_grad or g.dtype != dtype or g.stride() != stride \
-                or p._backward_hooks or not _will_run(nexts[e][0]):
+                or p._backward_hooks or not _will_run(nexts[e][0], p):
             return None
         grads.append(g)
         ptrs.add(g.untyped_storage().data_ptr())
@@ -156,8 +156,8 @@ def targets(ctx, plan: AccumulatePlan, params: Sequence[torch.Tensor],
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 
 
-def _will_run(node) -> bool:
-    if type(node) is not _ACCUMULATE_GRAD:
+def _will_run(node, p: torch.Tensor) -> bool:
+    if type(node) is not _ACCUMULATE_GRAD or node.variable is not p:
         return False
     try:
         return torch._C._will_engine_execute_node(node)
