@@ -5,6 +5,7 @@ renames it into place, so concurrent processes never load a half-written library
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -67,6 +68,19 @@ def start_build(source: str, config: Config) -> PendingBuild:
     if path not in _pending or _pending[path].job is None:  # one child per source
         _pending[path] = PendingBuild(path, False, _start(cxx, flags, source, path))
     return _pending[path]
+
+
+@atexit.register
+def _finish_pending() -> None:
+    """Builds never waited for (a graph compiled, never run) still land in the cache, and
+    leave no temporary files behind."""
+    for pending in list(_pending.values()):
+        if pending.job is not None:
+            job, pending.job = pending.job, None
+            try:
+                _finish(*job)
+            except RuntimeError:
+                pass
 
 
 def _start(cxx: str, flags: list[str], source: str, path: str) -> tuple:
