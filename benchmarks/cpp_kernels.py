@@ -48,13 +48,14 @@ class _Keep:
 
 
 def record_calls(name: str, objective):
-    """[(graph "f"/"b", kernel name, ctypes function, args)] of one step, buffers kept."""
+    """[(graph "f"/"b"/"a", kernel name, ctypes function, args)] of one step, buffers kept."""
     keep, calls, built, recording = [], [], [], [False]
     build = W.Wrapper.build
 
     def recording_build(self, kernels):
         run = build(self, kernels)
-        graph = "fb"[min(len(built), 1)]
+        kernels.load()  # built in the background: its functions are attributes from here on
+        graph = "fba"[min(len(built), 2)]  # forward, backward, accumulating backward
         built.append(graph)
         ns = run.__globals__
         ns["torch"] = _Keep(keep)

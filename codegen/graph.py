@@ -24,6 +24,9 @@ from trainc.codegen.ir import TensorValue
 # one-hot scaled by a row's weight (cross_entropy's backward) is recomputed, not stored.
 INLINE_LIMIT = 8
 EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materialized
+# node.meta key: store the value where the node stands, not where a later reader inlines it
+# (a gradient added into .grad right after the extern that made it, while it is hot in cache)
+STORE_NOW = "trainc_store_now"
 
 
 @dataclass(frozen=True)
@@ -360,9 +363,9 @@ class GraphLowering:
         if buf == old or self.g.buffers[buf].kind not in ("compute", "call"):
             return
         self.g.reuse.setdefault(buf, old)
-        new = self.g.steps[n_steps:]
-        if len(new) == 1 and isinstance(new[0], CallNode) and new[0].outputs == (buf,):
-            new[0].inplace = (target, key)
+        new = self.g.steps[n_steps:]  # the call, after any arguments it realized
+        if new and isinstance(new[-1], CallNode) and new[-1].outputs == (buf,):
+            new[-1].inplace = (target, key)
 
     def _call_functional(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:
         args = _map(self._env, node.args)
@@ -390,7 +393,7 @@ class GraphLowering:
             return
         e = v(ir.symbols("t", v.shape))
         crosses = _crosses(node)
-        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or \
+        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
                 (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)

@@ -5,9 +5,13 @@ the written position before the write (reinplacing was decided on the FX graph, 
 """
 from __future__ import annotations
 
+import torch
+
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
 from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, within_outer
+
+aten = torch.ops.aten
 
 
 def plan_storage(sched: Schedule, foreign: frozenset = frozenset()) -> dict[str, str]:
@@ -90,7 +94,11 @@ def _call_ok(c: CallNode, t: str, reads_t: bool) -> bool:
     in-place op a functional fallback stands for, writing t and reading it only there."""
     from trainc.codegen.wrapper import OUT_VARIANTS
     if c.kind == "extern":
-        return c.target in OUT_VARIANTS and not c.kwargs and not reads_t
+        if c.target in OUT_VARIANTS and not c.kwargs and not reads_t:
+            return True
+        # addmm_ adding into its own `self` (a gradient into .grad): ATen allows out=self
+        return c.target is aten.addmm.default and c.inplace is not None and \
+            c.inplace[1] == 0 and _reads_only_as(c, t, 0)
     if c.inplace is None or len(c.outputs) != 1:
         return False
     key = c.inplace[1]
@@ -99,6 +107,12 @@ def _call_ok(c: CallNode, t: str, reads_t: bool) -> bool:
         return uses == 0
     arg = c.args[key] if key < len(c.args) else None
     return uses == 1 and isinstance(arg, TensorArg) and arg.buf == t and arg.whole
+
+
+def _reads_only_as(c: CallNode, t: str, pos: int) -> bool:
+    arg = c.args[pos] if pos < len(c.args) else None
+    return _call_buffers(c).count(t) == 1 and isinstance(arg, TensorArg) and arg.buf == t \
+        and arg.whole
 
 
 def _kernel_ok(kern: Kernel, x: str, t: str, g: LoweredGraph) -> bool:

@@ -23,7 +23,7 @@ OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out
 # The same ops through torch's generated Python bindings: an OpOverload call goes through the
 # boxed operator path (CPU, 2-core box: ~1.5 us more per mm, ~5.7 us more per convolution).
 FAST_CALLS = {aten.mm.out: torch.mm, aten.addmm.out: torch.addmm, aten.bmm.out: torch.bmm,
-              aten.convolution.default: torch.convolution}
+              aten.convolution.default: torch.convolution, aten.addmm_.default: torch.Tensor.addmm_}
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ class _Writer:
         kwargs = "".join(f", {k}={self._arg(v)}" for k, v in c.kwargs.items())
         if c.inplace is not None and c.outputs and c.outputs[0] in self.storage:
             target, key = c.inplace
-            self.ns[op] = target
+            self.ns[op] = FAST_CALLS.get(target, target)
             dest = self.storage[c.outputs[0]]
             kwargs += f", {key}={dest}" if isinstance(key, str) else ""
             self.emit(f"{op}({args}{kwargs})  # {c.kind} in place {c.origin}")

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from trainc.config import Config
 
-_FORMAT = 1
+_FORMAT = 2
 _source_hash: Optional[str] = None
 
 
@@ -146,13 +146,14 @@ def _op(qualified: str, overload: str):
 
 def store(k: Optional[str], art: Any, record: Any, config: Config) -> bool:
     """Write the artifact when every compiled graph has a recipe; never raises."""
-    graphs = [g for g in (art.fwd, art.bwd) if g is not None]
+    graphs = [g for g in (art.fwd, art.bwd, art.bwd_acc) if g is not None]
     if k is None or not all("recipe" in g.extra for g in graphs):
         return False
     try:
         buf = io.BytesIO()
         _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(
-            (art.signature, [_plain(g) for g in (art.fwd, art.bwd)], record))
+            (art.signature, [_plain(g) for g in (art.fwd, art.bwd, art.bwd_acc)], record,
+             art.acc))
         path = _path(k, config)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
@@ -180,7 +181,7 @@ def load(k: Optional[str], config: Config) -> Optional[tuple]:
     from trainc.runtime import Artifact
     try:
         with open(path, "rb") as f:
-            sig, graphs, record = pickle.load(f)
+            sig, graphs, record, acc = pickle.load(f)
     except Exception:  # truncated or from an incompatible version: recompile
         return None
     built = []
@@ -190,7 +191,7 @@ def load(k: Optional[str], config: Config) -> Optional[tuple]:
             continue
         kind, recipe = g["extra"]["recipe"]
         built.append(CompiledGraph(run=_rebuild(kind, recipe, config), **g))
-    return Artifact(sig, built[0], built[1]), record
+    return Artifact(sig, *built, acc), record
 
 
 def _rebuild(kind: str, recipe: Any, config: Config):

@@ -47,6 +47,17 @@ class Config:
     # held between calls; trainc.report.peak_bytes counts the arenas a measured run uses.
     # Off when a memory_budget is set (the budget is about the planned peak alone).
     cpp_keep_buffers: bool = True
+    # backend="cpp": also compile a backward that adds each parameter's gradient into its
+    # existing .grad in place, right after computing it (trainc/accumulate.py), used when
+    # autograd would do exactly that add (no tensor hooks, not torch.autograd.grad, ...).
+    # Without it, gradients are returned as fresh tensors that AccumulateGrad adds after the
+    # whole backward, from memory gone cold (session 9, 2-core box, mlp that never zeroes
+    # .grad: 8 MiB of fresh gradients page-faulted in per step; 0.75x the step time with it).
+    # None: only for graphs whose parameter gradients take >= accumulate.MIN_BYTES (below, its
+    # checks cost more than the add they save: normact, 4 KiB, 3% slower); True: always.
+    # Hooks registered on the AccumulateGrad node itself (grad_fn.next_functions[i][0].
+    # register_prehook) would see None: turn it off for code that does that.
+    accumulate_grads: Optional[bool] = None
     # backend="triton": the same for the Triton wrapper's own buffers (one planned arena kept
     # across calls). Meant for CUDA graphs, whose private pool fragments when each large buffer
     # is allocated separately (H200 convnet float32 step: 2344 MiB reserved for a 1584 MiB live

@@ -9,6 +9,7 @@ import torch
 import torch.fx as fx
 
 from trainc import artifact_cache, debug, records
+from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import compile_workers, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config
@@ -48,19 +49,30 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
         if joint.signature.training else None
     post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
+    plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
+        if part and config.accumulate_grads is not False and backend.name == "cpp" else None
+    acc_gm = run_passes(accumulating_backward(part.bwd, plan), post) if plan else None
     bwd_gm = run_passes(part.bwd, post) if part else None
     stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,
                                                                    InputKind.BUFFER)]
     fwd = backend.compile(mark_static_inputs(fwd_gm, stays), _example_inputs(fwd_gm))
-    if bwd_gm is not None:
-        _saved_layouts(fwd, bwd_gm, joint.signature.num_fwd_outputs)
-    bwd = backend.compile(mark_static_inputs(bwd_gm, ()), _example_inputs(bwd_gm)) \
-        if bwd_gm is not None else None
-    art = Artifact(joint.signature, fwd, bwd)
+    bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
+    bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
+    art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
+    if bwd_acc is not None:
+        dump.graph("32_bwd_accumulate.py", acc_gm, "backward graph adding into .grad")
+        dump.text("32_bwd_accumulate_wrapper.py", bwd_acc.source)
     return art, record
+
+
+def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):
+    if bwd_gm is None:
+        return None
+    _saved_layouts(fwd, bwd_gm, n_fwd_outputs)
+    return backend.compile(mark_static_inputs(bwd_gm, ()), _example_inputs(bwd_gm))
 
 
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")

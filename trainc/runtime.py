@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from trainc import rng
+from trainc import accumulate, rng
 from trainc.codegen import CompiledGraph
 from trainc.graph import GraphSignature, OutputKind, is_dense
 
@@ -26,6 +26,9 @@ class Artifact:
     signature: GraphSignature
     fwd: CompiledGraph  # training: primals -> [mutations, computed, saved]; else no saved
     bwd: Optional[CompiledGraph]  # [saved, tangents] -> grads
+    # [saved, tangents, .grad of the plan's parameters] -> grads, those added into their .grad
+    bwd_acc: Optional[CompiledGraph] = None
+    acc: Optional[accumulate.AccumulatePlan] = None
 
 
 def run(art: Artifact, args: Sequence[Any]) -> list:
@@ -80,6 +83,8 @@ class _Function(torch.autograd.Function):
         saved = [s.clone() if isinstance(s, torch.Tensor) and id(s) in mutated else s
                  for s in saved]
         ctx.art = art
+        if art.acc is not None:
+            ctx.acc_params = [prims[i] for i in art.acc.inputs]
         ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
         ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
         ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]
@@ -99,7 +104,14 @@ class _Function(torch.autograd.Function):
         saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
         nm = len(sig.mutated_inputs)
         tangents = [grads[nm + t].contiguous() for t in sig.tangents]
-        results = art.bwd.run(saved + tangents)
+        into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, saved + tangents)
+        if into:
+            results = art.bwd_acc.run(saved + tangents + into)
+            for k, g in zip(art.acc.slots, into):
+                g.copy_(results[k])  # no-op when written in place; bumps the version, as add_
+                results[k] = None  # AccumulateGrad gets nothing to add
+        else:
+            results = art.bwd.run(saved + tangents)
         out: list = [None] * len(sig.inputs)
         for i, g in zip(sig.grads, results):
             out[i] = g

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
-from trainc.codegen.cpp.build import build
+from trainc.codegen.cpp.build import PendingBuild, start_build
 from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
@@ -57,19 +57,35 @@ class CppBackend:
 
 
 class _Kernels:
-    """Namespace of the library's kernel functions (ctypes), as the wrapper calls them."""
+    """Namespace of the library's kernel functions (ctypes), as the wrapper calls them; filled
+    at the first lookup, when the library (maybe still compiling) is first needed."""
+
+    def __init__(self, pending: Optional[PendingBuild], params: dict[str, list[str]]):
+        self._pending, self._params = pending, params
+
+    def __getattr__(self, name: str):  # only for names not set yet
+        if name.startswith("_") or self._pending is None:
+            raise AttributeError(name)
+        return getattr(self.load(), name)
+
+    def load(self) -> "_Kernels":
+        """Wait for the library and set every kernel function as an attribute."""
+        if self._pending is not None:
+            lib, self._pending = self._pending.library(), None
+            for kname, ps in self._params.items():
+                f = getattr(lib, kname)
+                f.argtypes = [ctypes.c_void_p] * len(ps)
+                f.restype = None
+                setattr(self, kname, f)
+        return self
 
 
 def _load_kernels(cpp: str, params: dict[str, list[str]], config: Config):
-    """(kernel functions, library path, cache hit) for the C++ source `cpp`."""
-    lib, path, hit = build(cpp, config) if params else (None, "", True)
-    funcs = _Kernels()
-    for name, ps in params.items():
-        f = getattr(lib, name)
-        f.argtypes = [ctypes.c_void_p] * len(ps)
-        f.restype = None
-        setattr(funcs, name, f)
-    return funcs, path, hit
+    """(kernel functions, library path, cache hit) for the C++ source `cpp`; the library is
+    built in the background and loaded at the first kernel call."""
+    pending = start_build(cpp, config) if params else None
+    return _Kernels(pending, params), pending.path if pending else "", \
+        pending.hit if pending else True
 
 
 def rebuild(recipe: tuple, config: Config) -> Callable[[list], list]:

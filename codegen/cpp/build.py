@@ -5,6 +5,7 @@ renames it into place, so concurrent processes never load a half-written library
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -15,6 +16,7 @@ import tempfile
 from trainc.config import Config
 
 _loaded: dict[str, ctypes.CDLL] = {}
+_pending: dict[str, "PendingBuild"] = {}
 
 
 class CompilerMissing(RuntimeError):
@@ -30,6 +32,28 @@ def cache_dir(config: Config) -> str:
 
 def build(source: str, config: Config) -> tuple[ctypes.CDLL, str, bool]:
     """(library, path, cache_hit) for `source`."""
+    pending = start_build(source, config)
+    return pending.library(), pending.path, pending.hit
+
+
+class PendingBuild:
+    """A library being compiled in a child process: the caller generates the next graph's
+    code meanwhile (the compiler runs on the other core) and waits only when it needs it."""
+
+    def __init__(self, path: str, hit: bool, job=None):
+        self.path, self.hit, self.job = path, hit, job
+
+    def library(self) -> ctypes.CDLL:
+        if self.path not in _loaded:
+            if self.job is not None:
+                _finish(*self.job)
+                self.job = None
+            _loaded[self.path] = ctypes.CDLL(self.path)
+        return _loaded[self.path]
+
+
+def start_build(source: str, config: Config) -> PendingBuild:
+    """Start compiling `source` unless a build of it is on disk (or loaded) already."""
     cxx = shutil.which(config.cpp_compiler)
     if cxx is None:
         raise CompilerMissing(
@@ -39,30 +63,44 @@ def build(source: str, config: Config) -> tuple[ctypes.CDLL, str, bool]:
     flags = config.cpp_flags.split()
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     path = os.path.join(cache_dir(config), f"k_{key}.so")
-    if path in _loaded:
-        return _loaded[path], path, True
-    hit = os.path.exists(path)
-    if not hit:
-        _compile(cxx, flags, source, path)
-    lib = ctypes.CDLL(path)
-    _loaded[path] = lib
-    return lib, path, hit
+    if path in _loaded or os.path.exists(path):
+        return PendingBuild(path, True)
+    if path not in _pending or _pending[path].job is None:  # one child per source
+        _pending[path] = PendingBuild(path, False, _start(cxx, flags, source, path))
+    return _pending[path]
 
 
-def _compile(cxx: str, flags: list[str], source: str, path: str) -> None:
+@atexit.register
+def _finish_pending() -> None:
+    """Builds never waited for (a graph compiled, never run) still land in the cache, and
+    leave no temporary files behind."""
+    for pending in list(_pending.values()):
+        if pending.job is not None:
+            job, pending.job = pending.job, None
+            try:
+                _finish(*job)
+            except RuntimeError:
+                pass
+
+
+def _start(cxx: str, flags: list[str], source: str, path: str) -> tuple:
     d = os.path.dirname(path)
     fd, tmp_so = tempfile.mkstemp(suffix=".so", dir=d)
     os.close(fd)
-    src = path[:-3] + ".cpp"
     fd, tmp_src = tempfile.mkstemp(suffix=".cpp", dir=d)
     with os.fdopen(fd, "w") as f:
         f.write(source)
     cmd = [cxx, *flags, "-shared", "-fPIC", "-o", tmp_so, tmp_src]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, cmd, tmp_so, tmp_src, path
+
+
+def _finish(proc, cmd, tmp_so: str, tmp_src: str, path: str) -> None:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"trainc: C++ compile failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
-        os.replace(tmp_src, src)
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"trainc: C++ compile failed ({' '.join(cmd)}):\n{err[-4000:]}")
+        os.replace(tmp_src, path[:-3] + ".cpp")
         os.replace(tmp_so, path)
     finally:
         for t in (tmp_so, tmp_src):
