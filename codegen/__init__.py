@@ -106,10 +106,12 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     graph compiles in process sooner than workers start."""
     import contextlib
     import os
-    if (backend_name(name, device) != "triton" or device.type != "cuda"
-            or os.environ.get("TRITON_INTERPRET", "") not in ("", "0")):
+    if backend_name(name, device) != "triton" or device.type != "cuda":
         return contextlib.nullcontext()
+    from trainc.codegen.triton import interpreting
     from trainc.codegen.triton.compile_pool import workers
+    if interpreting():
+        return contextlib.nullcontext()
     return workers(min(config.triton_compile_workers, os.cpu_count() or 1, size // 4))
 
 

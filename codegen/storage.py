@@ -102,14 +102,13 @@ def _call_ok(c: CallNode, t: str, reads_t: bool) -> bool:
     if c.inplace is None or len(c.outputs) != 1:
         return False
     key = c.inplace[1]
-    uses = _call_buffers(c).count(t)
     if isinstance(key, str):
-        return uses == 0
-    arg = c.args[key] if key < len(c.args) else None
-    return uses == 1 and isinstance(arg, TensorArg) and arg.buf == t and arg.whole
+        return _call_buffers(c).count(t) == 0
+    return _reads_only_as(c, t, key)
 
 
 def _reads_only_as(c: CallNode, t: str, pos: int) -> bool:
+    """The call reads t once, as its whole argument `pos`."""
     arg = c.args[pos] if pos < len(c.args) else None
     return _call_buffers(c).count(t) == 1 and isinstance(arg, TensorArg) and arg.buf == t \
         and arg.whole

@@ -89,8 +89,6 @@ class Workers:
 
 
 _exiting: list = []  # closed workers still shutting down
-
-
 _active: Optional[Workers] = None  # the workers of the graph being compiled
 
 
