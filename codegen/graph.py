@@ -18,6 +18,7 @@ import torch.fx as fx
 from trainc.codegen import functional, ir
 from trainc.graph import is_dense
 from trainc.codegen.ir import TensorValue
+from trainc.passes.reinplace_ops import MUTABLE_INPUTS
 
 # A value with several users is recomputed in each when its ops cost at most this much
 # (ir.compute_cost: 1 per arithmetic op, 5 per transcendental; casts and loads are free): a
@@ -304,7 +305,22 @@ class GraphLowering:
                 self._maybe_realize(node)
             elif node.op == "output":
                 self.g.outputs = [self._output(a) for a in _flat(node.args[0])]
+                self._hint_written_back()
         return self.g
+
+    def _hint_written_back(self) -> None:
+        """An input the program mutates gets its new value back in an output slot
+        (gm.meta[MUTABLE_INPUTS]); where that value was computed into a buffer of its own (no
+        in-place op to reinplace: a 16-bit optimizer state updated through a float32
+        `_to_copy`), hint that buffer into the input's storage. plan_storage checks it like
+        any in-place hint; taken, the runtime's write-back copy finds the input itself."""
+        inputs = {n.name: self.env[n] for n in self.gm.graph.nodes if n.op == "placeholder"}
+        for name, slot in self.gm.meta.get(MUTABLE_INPUTS, {}).items():
+            v, out = inputs.get(name), self.g.outputs[slot]
+            if (isinstance(v, TensorValue) and self.is_buffer(v) and isinstance(out, TensorArg)
+                    and out.whole and out.buf != v.view.buf
+                    and self.g.buffers[out.buf].kind == "compute"):
+                self.g.reuse.setdefault(out.buf, v.view.buf)
 
     def _input(self, node: fx.Node, kind: str) -> Any:
         v = node.meta.get("val")

@@ -117,10 +117,6 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
     raise NotImplementedError(f"trainc triton: op {n}")
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-
-
 def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool:
         return f"({x} != 0)"
@@ -138,7 +134,11 @@ def _interpreting() -> bool:
 def to_dtype(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """x (computed in compute(src)) converted to dst. Native Triton rounds float32 -> bfloat16
     to nearest even; its interpreter truncates, so under it the rounding is spelled out
-    (_rne_bf16) and CPU tests see the values the GPU computes."""
+    (_rne_bf16) and CPU tests see the values the GPU computes. float64 goes to 16 bits through
+    float32, as eager converts (c10's 16-bit types are made from float; the interpreter's direct
+    float64 -> bfloat16 cast returns 0)."""
+    if dst in (torch.bfloat16, torch.float16) and src == torch.float64:
+        return to_dtype(f"{x}.to(tl.float32)", torch.float32, dst)
     if dst == torch.bfloat16 and compute(src) == torch.float32 and _interpreting():
         return f"_rne_bf16({x})"
     return f"{x}.to({TL[dst]})"

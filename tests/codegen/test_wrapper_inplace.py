@@ -233,3 +233,29 @@ def test_wrapper_reports_what_is_live_at_its_planned_peak():
     assert live and live[0][1] == (64, 512) and live[0][3] == 64 * 512 * 4
     assert c.extra["peak_bytes"] >= sum(row[3] for row in live)
     assert c.source.startswith("# planned peak ")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_16bit_adam_state_is_written_back_in_place(backend):
+    """bfloat16 AdamW: exp_avg's lerp runs in float32 and is cast back (a `_to_copy`, which
+    reinplacing cannot turn into an in-place op); the new value is still computed into the
+    state's own storage (codegen/graph.py `_hint_written_back`), not copied back after the step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 8)).to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, ref))
+    loss_fn = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    step = trainc.compile_step(model, loss_fn, opt, backend=backend)
+    x, y = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+    for _ in range(3):
+        step(x, y)
+        loss_fn(ref, x, y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    for p, r in zip(model.parameters(), ref.parameters()):
+        assert_same(p.detach().float(), r.detach().float(), 2e-2, 1e-2, "param")
+    params = list(model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
+    graph = list(step.cache.values())[-1].graph
+    assert graph.extra["inplace"] >= len(params) + len(state), graph.extra["inplace"]
