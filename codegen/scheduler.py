@@ -23,6 +23,12 @@ SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most th
 # backward value fused into a forward kernel lives from the forward to the backward).
 JOIN_WINDOW = 16
 SMALL_RESULT = 1 << 16  # bytes
+# A node of at least LARGE_NODE elements joins a kernel only to save at least TINY_SAVING bytes
+# of traffic. Sharing only scalars (an optimizer's lr and betas) saves a launch, not traffic, and
+# can starve the node of parallelism: a weight's AdamW update (16.7M elements) that joined a bias
+# gradient's column reduction ran in that kernel's 32 programs, 2.5x slower than on its own.
+LARGE_NODE = 1 << 20  # elements
+TINY_SAVING = 1 << 10  # bytes
 
 
 @dataclass
@@ -119,9 +125,10 @@ class _Builder:
         bufs = {l.buf for l in loads}
         best, best_score = None, 0
         if n.kind != "scatter":
+            least = TINY_SAVING if ir_numel(n.shape) >= LARGE_NODE else 1
             for k in self._candidates(bufs):
                 score = self._score(k, bufs)
-                if score > best_score:
+                if score >= least and score > best_score:
                     fit = self._legal(k, n)
                     if fit is not None:
                         best, best_score, joining = k, score, fit

@@ -98,3 +98,20 @@ def test_upcast_of_a_stored_16_bit_value_is_stored_narrow():
     written = sum(k.bytes_written for k in c.kernels)
     # the stored g (2 bytes per element), the product output (4) and the sums
     assert written < 64 * 48 * (2 + 4) + 4 * 48 * 8, written
+
+
+def test_large_node_does_not_join_a_kernel_for_a_shared_scalar():
+    """A weight update sharing only the learning rate with a bias update (fused into the bias
+    gradient's column reduction) gets its own kernel: joining saves no traffic and would run
+    the 1M-element update in the reduction's few programs. A small update still joins."""
+    def f(dy, b, w, gw, lr, small, gsmall):
+        b_new = b - lr * dy.sum(0)  # column reduction + epilogue reading lr
+        w_new = w - lr * gw  # large: shares only lr with the reduction kernel
+        s_new = small - lr * gsmall  # small: joins to save a launch
+        return b_new, w_new, s_new
+    n = 1 << 20
+    c = check(f, torch.randn(64, 256), torch.randn(256), torch.randn(n), torch.randn(n),
+              torch.tensor(0.1), torch.randn(256), torch.randn(256), atol=1e-5)
+    big = [k for k in c.kernels if k.bytes_written >= n * 4]
+    assert len(big) == 1 and len(big[0].nodes) == 1, [k.nodes for k in c.kernels]
+    assert len(c.kernels) == 2, [k.nodes for k in c.kernels]
