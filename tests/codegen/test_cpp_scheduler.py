@@ -115,3 +115,13 @@ def test_large_node_does_not_join_a_kernel_for_a_shared_scalar():
     big = [k for k in c.kernels if k.bytes_written >= n * 4]
     assert len(big) == 1 and len(big[0].nodes) == 1, [k.nodes for k in c.kernels]
     assert len(c.kernels) == 2, [k.nodes for k in c.kernels]
+
+
+def test_node_much_larger_than_a_reduction_does_not_join_it_for_a_shared_scalar():
+    """A conv weight's update (128 x 1152) sharing only the learning rate with a 128-channel
+    statistics kernel runs on its own: inside, it would run in that kernel's inner loops."""
+    def f(x, b, w, gw, lr):
+        return b - lr * x.sum(0), w - lr * gw
+    c = check(f, torch.randn(64, 128), torch.randn(128), torch.randn(128, 1152),
+              torch.randn(128, 1152), torch.tensor(0.1), atol=1e-5)
+    assert len(c.kernels) == 2, [k.nodes for k in c.kernels]
