@@ -33,6 +33,13 @@ TINY_SAVING = 1 << 10  # bytes
 # outputs: it would run in the kernel's inner loops (a 128x1152 conv weight's AdamW update
 # fused into a 128-channel statistics kernel took 0.5 ms per step on the H200).
 INNER_HEAVY = 64
+# Independent small nodes (each moving at most SMALL_NODE bytes) share one kernel while it moves
+# at most SMALL_KERNEL bytes, when everything they read exists before the kernel: the per-layer
+# BatchNorm num_batches_tracked updates, the finishing stages of sibling split reductions. Each
+# kernel costs a launch (~10 us of host time on CUDA, an OpenMP region on CPU) for microseconds
+# of work.
+SMALL_NODE = 1 << 18  # bytes
+SMALL_KERNEL = 1 << 20  # bytes
 
 
 @dataclass
@@ -107,6 +114,8 @@ class _Builder:
         self.unbound = _feeds_outputs(g)
         self.step = 0  # program position of the step being added
         self.last: dict[int, int] = {}  # kernel item -> position of its latest node
+        self.small: Optional[int] = None  # the latest kernel of only small nodes
+        self.small_bytes = 0  # bytes its nodes move
 
     def add_call(self, c: CallNode) -> None:
         self.step += 1
@@ -128,9 +137,12 @@ class _Builder:
         loads = reads(n)
         bufs = {l.buf for l in loads}
         best, best_score = None, 0
+        moved = sum(self.g.buffers[b].nbytes for b in bufs) + self.g.buffers[n.name].nbytes
+        small = self._small_kernel(moved, bufs)
         if n.kind != "scatter":
-            for k in self._candidates(bufs):
-                score = self._score(k, bufs)
+            for k in self._candidates(bufs) + ([small] if small is not None else []):
+                # sharing nothing, a small kernel still saves a launch (scored below any traffic)
+                score = self._score(k, bufs) or (1 if k == small else 0)
                 least = TINY_SAVING if self._starves(k, n) else 1
                 if score >= least and score > best_score:
                     fit = self._legal(k, n)
@@ -151,9 +163,16 @@ class _Builder:
             if n.kind == "reduction":
                 kern.outer = n.shape
             kern.nodes.append(n)
-            self.last[self._new_item(kern, bufs, [n.name])] = self.step
+            k = self._new_item(kern, bufs, [n.name])
+            self.last[k] = self.step
+            if moved <= SMALL_NODE:
+                self.small, self.small_bytes = k, moved
             return
         kern = self.items[best]
+        if best == self.small:
+            self.small_bytes += moved
+            if moved > SMALL_NODE:
+                self.small = None
         if n.name in self.layouts:
             kern.layouts[n.name] = self.layouts[n.name]
         self.last[best] = self.step
@@ -161,6 +180,16 @@ class _Builder:
         self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
         self.reads[best] |= bufs
         self.producer[n.name] = best
+
+    def _small_kernel(self, moved: int, bufs: set[str]) -> Optional[int]:
+        """The small kernel a node moving `moved` bytes and reading `bufs` may share a launch
+        with, if any: never one made before some of those inputs (it would have to wait)."""
+        k = self.small
+        if k is None or moved > SMALL_NODE or self.small_bytes + moved > SMALL_KERNEL \
+                or self.items[k].kind != "loops" \
+                or any(self.producer.get(b, -1) > k for b in bufs):
+            return None  # (a scatter kernel runs only its own node: a joined one is lost)
+        return k
 
     def _starves(self, k: int, n: ComputeNode) -> bool:
         """Would n, joined to kernel k, lose parallelism (see LARGE_NODE, INNER_HEAVY)?"""
@@ -239,6 +268,8 @@ class _Builder:
         return False
 
     def _join(self, kern: Kernel, n: ComputeNode) -> None:
+        if kern.kind != "loops":  # a scatter kernel's code runs only its own node
+            raise AssertionError(f"trainc scheduler: {n.name} joined scatter kernel {kern.name}")
         kern.outer = _join_outer(kern, n)
         kern.nodes.append(n)
 

@@ -202,11 +202,16 @@ def test_each_other_gradient_is_added_right_after_it_is_made(monkeypatch):
     adds = 0
     for k, ln in enumerate(calls):
         out = re.search(r"out=(buf\d+)\)  # mm", ln)
-        for j in range(k + 1, len(calls)) if out else ():
-            names = set(re.findall(r"(?:arg|buf)\d+", calls[j]))
-            if out.group(1) in names and len(names) == 2 and names & into:  # .grad += mm
-                assert j <= k + 2, f"{ln} is added into .grad late: {calls[k:j + 1]}"
+        if not out:
+            continue
+        # one of the next two calls adds the product into a .grad (it may share its launch
+        # with other small work on graph inputs, e.g. the bias gradient's sum)
+        for nxt in calls[k + 1:k + 3]:
+            names = set(re.findall(r"(?:arg|buf)\d+", nxt))
+            if out.group(1) in names and names & into and \
+                    all(n in into or n == out.group(1) or n.startswith("arg") for n in names):
                 adds += 1
+                break
     assert adds == 2, "fc1.weight and fc2.weight: mm, then the add into .grad"
 
 

@@ -26,7 +26,8 @@ def test_softmax_is_one_kernel_and_sibling_reductions_fuse():
         y = torch.softmax(x, -1)
         # the two row reductions of a norm backward read the same inputs: one kernel
         return y, (g * w).sum(-1), (g * w * x).sum(-1)
-    c = check(f, torch.randn(8, 40), torch.randn(8, 40), torch.randn(40), atol=1e-5)
+    # inputs above scheduler.SMALL_NODE: tiny ones would all share one kernel anyway
+    c = check(f, torch.randn(256, 400), torch.randn(256, 400), torch.randn(400), atol=1e-5)
     assert len(c.kernels) == 2
     assert sorted(len(k.nodes) for k in c.kernels) == [2, 3]
     sums = [k for k in c.kernels if "sum_1" in k.nodes][0]
@@ -125,3 +126,23 @@ def test_node_much_larger_than_a_reduction_does_not_join_it_for_a_shared_scalar(
     c = check(f, torch.randn(64, 128), torch.randn(128), torch.randn(128, 1152),
               torch.randn(128, 1152), torch.tensor(0.1), atol=1e-5)
     assert len(c.kernels) == 2, [k.nodes for k in c.kernels]
+
+
+def test_small_independent_nodes_share_one_kernel():
+    """Per-layer counters (BatchNorm's num_batches_tracked += 1) need no launch each."""
+    def f(a, b, c, x):
+        return a + 1, b + 1, c + 1, x.relu()
+    n = [torch.tensor(3), torch.tensor(5), torch.tensor(7)]
+    c = check(f, *n, torch.randn(64))
+    assert sorted(len(k.nodes) for k in c.kernels) == [1, 3], [k.nodes for k in c.kernels]
+
+
+def test_small_node_never_joins_a_scatter_kernel():
+    """A scatter kernel runs only its own node: a small node after it gets a kernel of its own
+    (joined, its result was never written: the gpt pos-embedding gradient came back NaN)."""
+    def f(idx, g, w):
+        acc = torch.zeros(16, 8).index_put((idx,), g, accumulate=True)
+        return acc, w * 2
+    idx = torch.tensor([0, 3, 3, 15, 7])
+    c = check(f, idx, torch.randn(5, 8), torch.randn(16, 8))
+    assert len(c.kernels) == 2
