@@ -22,7 +22,6 @@ import trainc  # noqa: E402
 
 name, dt, kind = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]
 modes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["inductor", "trainc"]
-out = os.environ.get("OUT", "/tmp")
 
 
 def make(mode):
@@ -81,13 +80,14 @@ for mode in modes:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             k = ev.name[:90]
             agg[k][0] += 1
-            agg[k][1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            agg[k][1] += getattr(ev, "device_time_total", None) or ev.cuda_time_total
     for k, (c, t) in agg.items():
         tot += t
         cnt += c
     top = sorted(agg.items(), key=lambda kv: -kv[1][1])[:int(os.environ.get("TOP", "25"))]
     print(f"== {name} {sys.argv[2]} {kind} {mode}: wall {statistics.median(walls):.3f} ms, host "
-          f"{statistics.median(hosts):.3f} ms, kernels {tot / n / 1e3:.3f} ms, launches {cnt / n:.0f}",
+          f"{statistics.median(hosts):.3f} ms, kernels {tot / n / 1e3:.3f} ms, "
+          f"launches {cnt / n:.0f}",
           flush=True)
     for k, (c, t) in top:
         print(f"   {t / n / 1e3:8.3f} ms  x{c / n:5.1f}  {k}")

@@ -165,7 +165,7 @@ class _Builder:
             kern.nodes.append(n)
             k = self._new_item(kern, bufs, [n.name])
             self.last[k] = self.step
-            if moved <= SMALL_NODE:
+            if moved <= SMALL_NODE and kern.kind == "loops":  # a scatter kernel runs only its node
                 self.small, self.small_bytes = k, moved
             return
         kern = self.items[best]
@@ -186,9 +186,8 @@ class _Builder:
         with, if any: never one made before some of those inputs (it would have to wait)."""
         k = self.small
         if k is None or moved > SMALL_NODE or self.small_bytes + moved > SMALL_KERNEL \
-                or self.items[k].kind != "loops" \
                 or any(self.producer.get(b, -1) > k for b in bufs):
-            return None  # (a scatter kernel runs only its own node: a joined one is lost)
+            return None
         return k
 
     def _starves(self, k: int, n: ComputeNode) -> bool:
