@@ -76,6 +76,12 @@ class Config:
     # launcher directly, not through the JIT's per-call binding (codegen/triton/launch.py
     # Launcher._run; TRAINC_TRITON_FAST_LAUNCH=0: off)
     triton_fast_launch: bool = True
+    # backend="triton": float32 division (and reciprocal) IEEE-rounded (`tl.div_rn`) instead of
+    # Triton's `/` (div.full.f32: full range, NaN/Inf as IEEE, within 2 ulp; Inductor's choice).
+    # Off: H200 session 11, bf16 AdamW update 100 -> 80 us per 16.7M-element weight, normact
+    # forward 1.27 -> 1.18 ms; 2 ulp is far below DESIGN.md's float32 floor (1e-5).
+    # TRAINC_TRITON_PRECISE_DIV=1 turns it on. floor-division and remainder stay IEEE.
+    triton_precise_div: bool = False
     # backend="triton" on CUDA: processes (at most one per CPU and per 4 captured graph nodes,
     # started before tracing) and threads compiling a graph's kernels concurrently at compile
     # time instead of one by one at their first launch (0 or 1: no precompile;
@@ -110,6 +116,7 @@ def _env_defaults() -> dict[str, Any]:
         "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
         "cache_artifacts": os.environ.get("TRAINC_CACHE_ARTIFACTS", "1") not in ("", "0"),
+        "triton_precise_div": os.environ.get("TRAINC_TRITON_PRECISE_DIV", "0") not in ("", "0"),
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
         "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),

@@ -63,7 +63,7 @@ class TritonBackend:
         foreign = _foreign(sched, example_inputs, device)
         plan_storage(sched, foreign)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
-        sources = [kernel_source(k, sched.graph) for k in kernels]
+        sources = [kernel_source(k, sched.graph, self.config.triton_precise_div) for k in kernels]
         module_src = PRELUDE + _module_body(sources)
         funcs, path, precompiled = _Kernels(), "", 0
         if kernels:

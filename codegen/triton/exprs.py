@@ -61,12 +61,18 @@ _PRELUDE_FN = {"expm1": "_expm1", "log1p": "_log1p", "tanh": "_tanh", "trunc": "
                "round": "_nearbyint"}
 _LIBDEVICE = {"tan", "erfc", "atan", "asin", "acos", "sinh", "cosh", "pow"}
 _INTERPRETED = {"pow", "tan", "sinh", "cosh", "erfc"}  # have prelude stand-ins (_ipow, ...)
+# ops whose result jumps where their argument crosses a value: a division feeding one directly
+# is IEEE-rounded even when Config.triton_precise_div is off
+_STEPS = {"floor", "ceil", "trunc", "round", "lt", "le", "gt", "ge", "eq", "ne"}
 _POW = {2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 1.0: "{a}", 0.5: "tl.sqrt_rn({a})",
         -1.0: "(1.0 / {a})", -0.5: "tl.rsqrt({a})", -2.0: "(1.0 / ({a} * {a}))"}
 
 
-def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
+def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype], precise_div: bool = True) -> str:
+    """`precise_div`: float32 division IEEE-rounded (tl.div_rn) rather than Triton's `/`
+    (div.full.f32: full range, within 2 ulp; Config.triton_precise_div)."""
     n, t = e.name, tl_compute(e.dtype)
+    ieee = e.dtype == torch.float32 and precise_div
     fp = e.dtype.is_floating_point
     if n in _INFIX:
         return f"({a[0]} {_INFIX[n]} {a[1]})"
@@ -87,10 +93,9 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
         "neg": lambda: f"(-{a[0]})", "not": lambda: f"({a[0]} == 0)",
         "bitwise_not": lambda: f"(~{a[0]})" if e.dtype != torch.bool else f"({a[0]} == 0)",
         "sqrt": lambda: f"tl.sqrt_rn({a[0]})" if e.dtype == torch.float32 else f"tl.sqrt({a[0]})",
-        "truediv": lambda: f"tl.div_rn({a[0]}, {a[1]})" if e.dtype == torch.float32
-        else f"({a[0]} / {a[1]})",
-        "reciprocal": lambda: f"(1.0 / {a[0]})" if e.dtype != torch.float32
-        else f"tl.div_rn(tl.full([1], 1.0, tl.float32), {a[0]})",
+        "truediv": lambda: f"tl.div_rn({a[0]}, {a[1]})" if ieee else f"({a[0]} / {a[1]})",
+        "reciprocal": lambda: f"tl.div_rn(tl.full([1], 1.0, tl.float32), {a[0]})" if ieee
+        else f"(1.0 / {a[0]})",
         "sigmoid": lambda: f"(1.0 / (1.0 + tl.exp(-{a[0]})))",
         "where": lambda: f"tl.where({a[0]}, {a[1]}, {a[2]})",
         "isnan": lambda: f"({a[0]} != {a[0]})",
@@ -206,5 +211,9 @@ class Body:
             return f"({self.index(expr)}).to({tl_compute(e.dtype)})"
         if isinstance(e, ir.Load):
             return self.p.load(self, e)
+        if e.name in _STEPS or (e.name == "cast" and not e.dtype.is_floating_point):
+            # a quotient rounded to an integer or compared: an ulp off can move it a whole step
+            self.p.exact_divs.update(x for x in e.args if isinstance(x, ir.Op))
         a = [self.value(x) for x in e.args]
-        return op_code(e, a, [x.dtype for x in e.args])
+        return op_code(e, a, [x.dtype for x in e.args],
+                       self.p.precise_div or e in self.p.exact_divs)

@@ -72,8 +72,10 @@ def _column(kern: Kernel) -> bool:
 
 
 class KernelPrinter:
-    def __init__(self, kern: Kernel, g: LoweredGraph):
+    def __init__(self, kern: Kernel, g: LoweredGraph, precise_div: bool = True):
         self.k, self.g = kern, g
+        self.precise_div = precise_div
+        self.exact_divs: set = set()  # divisions printed IEEE-rounded whatever precise_div
         self.params: dict[str, bool] = {}
         self.loaded: set[str] = set()
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py)
@@ -572,8 +574,8 @@ def _argmin_combine(v1, i1, v2, i2):
 '''
 
 
-def kernel_source(kern: Kernel, g: LoweredGraph) -> KernelSource:
-    ks = KernelPrinter(kern, g).source()
+def kernel_source(kern: Kernel, g: LoweredGraph, precise_div: bool = True) -> KernelSource:
+    ks = KernelPrinter(kern, g, precise_div).source()
     return dataclasses.replace(ks, source=canonical_names(ks.source, ks.params))
 
 

@@ -1,8 +1,13 @@
 """Ops printed through libdevice on GPU (pow with a tensor exponent, tan, sinh, cosh, erfc) also
 run under TRITON_INTERPRET, where the prelude's tl-primitive stand-ins replace libdevice."""
+import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from triton_helpers import check
+from trainc import decomps
+from trainc.codegen.triton import TritonBackend
+from trainc.config import make_config
+from triton_helpers import DEVICE, assert_same, check
 
 
 def test_pow_with_tensor_exponent_special_cases():
@@ -15,3 +20,46 @@ def test_pow_with_tensor_exponent_special_cases():
 def test_hyperbolic_and_tan_and_erfc():
     x = torch.linspace(-1.2, 1.2, 13)
     check(lambda x: (torch.tan(x), torch.sinh(x), torch.cosh(x), torch.erfc(x)), x)
+
+
+@pytest.mark.parametrize("precise", [False, True])
+def test_float32_division_fast_or_ieee(precise):
+    """Config.triton_precise_div: Triton's `/` (div.full.f32, within 2 ulp; the default) or
+    tl.div_rn. Either way NaN/Inf land where eager's are, huge denominators and subnormal
+    quotients stay right (natively on the GPU; the interpreter divides exactly)."""
+    a = torch.tensor([1.0, -3.0, 0.0, float("inf"), 1.0, 7.0, 1e-38, 3e38, float("nan"), 2.0,
+                      -0.0, 5.0])
+    b = torch.tensor([3.0, 0.0, 0.0, float("inf"), 3e38, -2e38, 10.0, 0.5, 1.0, 1.5e-38,
+                      4.0, -1e-3])
+    fn = lambda a, b: (a / b, torch.reciprocal(b))
+    args = [a.to(DEVICE), b.to(DEVICE)]
+    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(*args)
+    c = TritonBackend(make_config(triton_precise_div=precise)).compile(gm, args)
+    assert ("tl.div_rn" in c.extra["triton"]) == precise
+    for o, r in zip(c.run(args), fn(*args)):
+        assert_same(o, r, 2.5e-7, 1e-44, "quotient")
+
+
+def test_quotient_rounded_or_compared_is_ieee():
+    """Fast division stays out of floor/ceil/round/int casts and comparisons: floor(0.3 / 0.1)
+    one ulp low is 2 instead of 3 (eager: 2, as IEEE 0.3f / 0.1f = 2.9999998 -> exact here)."""
+    a = torch.tensor([0.3, 6.0, 0.7, 1.0, 5.0])
+    b = torch.tensor([0.1, 3.0, 0.1, 3.0, -1e-3])
+    fn = lambda a, b: ((a / b).floor(), (a / b).ceil(), (a / b).long(), a / b > 3.0)
+    args = [a.to(DEVICE), b.to(DEVICE)]
+    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(*args)
+    c = TritonBackend(make_config(triton_precise_div=False)).compile(gm, args)
+    src = c.extra["triton"]
+    assert "tl.div_rn" in src and " / " not in src.split("def kernel")[1]
+    for o, r in zip(c.run(args), fn(*args)):
+        assert torch.equal(o, r), (o, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_division_natively_on_gpu():
+    """The two division tests above, with Triton's native instructions (run with -m gpu and
+    TRITON_INTERPRET=0; the interpreter divides exactly)."""
+    for precise in (False, True):
+        test_float32_division_fast_or_ieee(precise)
+    test_quotient_rounded_or_compared_is_ieee()
