@@ -229,6 +229,34 @@ def test_batchnorm_buffers_update_like_eager():
         torch.testing.assert_close(a, b, msg=n)
 
 
+def test_backward_makes_no_zeros_for_outputs_without_gradients():
+    """Mutated buffers are outputs of the autograd Function without gradients: backward gets
+    None for them (no zeros tensor per buffer per step); an unused output's tangent is zeros."""
+    m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+    c = _compile(m)
+    x = torch.randn(16, 8)
+    c(x).sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        c(x).sum().backward()
+    assert not [e.key for e in p.key_averages() if e.key in ("aten::zeros", "aten::zeros_like")]
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2, y.exp()
+    t, ref = Two(), Two()
+    ref.load_state_dict(t.state_dict())
+    _, b = _compile(t)(torch.ones(2, 4))
+    b.sum().backward()
+    ref(torch.ones(2, 4))[1].sum().backward()
+    for p_, q in zip(t.parameters(), ref.parameters()):
+        torch.testing.assert_close(p_.grad, q.grad)
+
+
 def test_double_backward_raises_clear_error():
     c = _compile(lambda x: (x ** 3).sum())
     x = torch.randn(3, requires_grad=True)
