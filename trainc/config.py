@@ -78,8 +78,9 @@ class Config:
     triton_fast_launch: bool = True
     # backend="triton": float32 division (and reciprocal) IEEE-rounded (`tl.div_rn`) instead of
     # Triton's `/` (div.full.f32: full range, NaN/Inf as IEEE, within 2 ulp; Inductor's choice).
-    # Off: H200 session 11, bf16 AdamW update 100 -> 80 us per 16.7M-element weight, normact
-    # forward 1.27 -> 1.18 ms; 2 ulp is far below DESIGN.md's float32 floor (1e-5).
+    # Off: H200 session 11 (measured with approximate sqrt too; sqrt stays IEEE), bf16 AdamW
+    # update 100 -> 80 us per 16.7M-element weight, normact forward 1.27 -> 1.18 ms; 2 ulp is
+    # far below DESIGN.md's float32 floor (1e-5).
     # TRAINC_TRITON_PRECISE_DIV=1 turns it on. floor-division and remainder stay IEEE.
     triton_precise_div: bool = False
     # backend="triton" on CUDA: processes (at most one per CPU and per 4 captured graph nodes,

@@ -10,6 +10,7 @@ import torch
 
 from trainc.codegen import BACKENDS
 from trainc.testing import ReplayFunctional, assert_grads_match
+from trainc.testing.modules import replay_dropouts
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
 OPEN = {  # file: what is wrong, as far as diagnosed
@@ -20,6 +21,11 @@ OPEN = {  # file: what is wrong, as far as diagnosed
     "inputs moves v11 and v6 together; the cancellation is of a rounded intermediate. Moving "
     "each intermediate by one unit roundoff (session 8) is not enough either: a 48-term sum "
     "carries several of its result's roundings",
+    "modules_cpp_None_20261016": "(session 10/11 local nightly, module stacks; the BatchNorm "
+    "family) bf16 Conv2d(4,4,3) + residual, Flatten, Dropout(0.1), BatchNorm1d(100) over a "
+    "batch of 4, three Linears: the input's and the conv weight's gradients have 5x eager's "
+    "error (0.049 vs 0.0097). The aten backend fails identically, so it is not codegen or the "
+    "scheduler: the decomposed bf16 BatchNorm1d backward over 4 samples, not diagnosed further",
 }
 FIXED = {
     "modules_aten_0_5_20261713": "(local nightly, session 3) bf16 Conv-BN-Conv-BN on a batch "
@@ -113,7 +119,10 @@ def _check(name: str) -> None:
                 exec(body, env)
                 return env["program"](*args)
             return replay
-    assert_grads_match(_subject(ns), ns["make_inputs"], reference=reference, **ns["OPTS"])
+    subject = _subject(ns)
+    if "make_model" in ns and any(isinstance(m, torch.nn.Dropout) for m in subject.modules()):
+        reference = replay_dropouts(subject)
+    assert_grads_match(subject, ns["make_inputs"], reference=reference, **ns["OPTS"])
 
 
 @pytest.mark.parametrize("name", sorted(FIXED))

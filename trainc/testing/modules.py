@@ -74,22 +74,27 @@ class ModuleStack:
         return self._namespace()["make_inputs"](dtype or self.dtype)
 
     def reference(self, model: nn.Module) -> Callable[[Sequence], nn.Module]:
-        """compiled outputs -> a copy of `model` whose Dropouts replay the compiled masks."""
-        def make(compiled_outputs: Sequence) -> nn.Module:
-            import copy
-            drops = [n for n, m in model.named_modules() if isinstance(m, nn.Dropout)]
-            recorded = list(compiled_outputs[len(compiled_outputs) - len(drops):])
-            ref = copy.deepcopy(model)
-            for name, y in zip(drops, recorded):
-                setattr(ref, name, ReplayDropout(ref.get_submodule(name).p, y))
-            return ref
-        return make
+        return replay_dropouts(model)
 
     def check(self, **compile_options) -> list:
         from trainc.testing.check import assert_grads_match
         model = self.make_model()
         return assert_grads_match(model, self.make_inputs, reference=self.reference(model),
                                   source=self.source, **compile_options)
+
+
+def replay_dropouts(model: nn.Module) -> Callable[[Sequence], nn.Module]:
+    """compiled outputs -> a copy of `model` whose Dropouts replay the compiled masks (the
+    stack's last outputs, one per Dropout)."""
+    def make(compiled_outputs: Sequence) -> nn.Module:
+        import copy
+        drops = [n for n, m in model.named_modules() if isinstance(m, nn.Dropout)]
+        recorded = list(compiled_outputs[len(compiled_outputs) - len(drops):])
+        ref = copy.deepcopy(model)
+        for name, y in zip(drops, recorded):
+            setattr(ref, name, ReplayDropout(ref.get_submodule(name).p, y))
+        return ref
+    return make
 
 
 class ReplayDropout(nn.Module):
