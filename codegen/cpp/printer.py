@@ -201,6 +201,8 @@ class KernelPrinter:
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
+        self._stored = {self.rename.get(n.name, n.name) for n in kern.nodes}
+        self._consts: dict[str, str] = {}  # load text -> name, read once before the loops
         written = {n.name for n in kern.nodes} | set(self.rename.values()) | set(kern.scratch)
         self.tiny = [self._tiny_inner(k) for k in range(len(kern.loops))]
         dims = [self._vector_dim(k) for k in range(len(kern.loops))]
@@ -247,12 +249,20 @@ class KernelPrinter:
             return f"({x} != 0)" if e.dtype == torch.bool else x
         param = self.rename.get(e.buf, e.buf)
         self.params.setdefault(param, False)
-        x = f"{param}[{body.index(e.index)}]"
+        constant = sympy.sympify(e.index).is_Integer and param not in self._stored
+        x = f"{param}[{e.index if constant else body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
         if dt == torch.bool:
-            return f"({x} != 0)"
-        return f"bf2f({x})" if dt == torch.bfloat16 else (f"(float){x}" if dt == torch.float16
-                                                            else x)
+            x = f"({x} != 0)"
+        elif dt in (torch.bfloat16, torch.float16):
+            x = f"bf2f({x})" if dt == torch.bfloat16 else f"(float){x}"
+        if not constant:
+            return x
+        # one element at a fixed place (a 0-d input, an expanded tangent): read once before the
+        # loops; inside a simd loop GCC can leave it in the latch and not vectorize the loop
+        if x not in self._consts:
+            self._consts[x] = f"k{len(self._consts)}"
+        return self._consts[x]
 
     def store(self, body: Body, n: ComputeNode, index: str, v: str, op: str = "=") -> None:
         param = self.rename.get(n.name, n.name)
@@ -309,6 +319,7 @@ class KernelPrinter:
         lines = [f'extern "C" void {self.k.name}({params}) {{']
         if on == 0:
             return "\n".join(lines + ["}"])
+        lines += [f"  const auto {name} = {x};" for x, name in self._consts.items()]
         lines += self._fills
         w = self.lanes or 1
         if self.split:
