@@ -149,12 +149,34 @@ def store(k: Optional[str], art: Any, record: Any, config: Config) -> bool:
     graphs = [g for g in (art.fwd, art.bwd, art.bwd_acc) if g is not None]
     if k is None or not all("recipe" in g.extra for g in graphs):
         return False
+    return _write(_path(k, config), (art.signature, [_plain(g) for g in
+                                                   (art.fwd, art.bwd, art.bwd_acc)],
+                                      record, art.acc))
+
+
+def store_variant(k: Optional[str], layout: tuple, graph: Any, config: Config) -> bool:
+    """One backward compiled for expanded tangents (runtime.ExpandedBackwards), next to the
+    artifact stored under k."""
+    if k is None or "recipe" not in graph.extra:
+        return False
+    return _write(_variant_path(k, layout, config), _plain(graph))
+
+
+def load_variant(k: Optional[str], layout: tuple, config: Config) -> Optional[Any]:
+    if k is None:
+        return None
+    g = _read(_variant_path(k, layout, config))
+    return None if g is None else _build(g, config)
+
+
+def _variant_path(k: str, layout: tuple, config: Config) -> str:
+    return _path(f"{k}_t{hashlib.sha256(repr(layout).encode()).hexdigest()[:16]}", config)
+
+
+def _write(path: str, payload: Any) -> bool:
     try:
         buf = io.BytesIO()
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(
-            (art.signature, [_plain(g) for g in (art.fwd, art.bwd, art.bwd_acc)], record,
-             art.acc))
-        path = _path(k, config)
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(payload)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(buf.getvalue())
@@ -162,6 +184,16 @@ def store(k: Optional[str], art: Any, record: Any, config: Config) -> bool:
         return True
     except Exception:  # an unpicklable graph (a Python callable in it, ...): not cached
         return False
+
+
+def _read(path: str) -> Optional[Any]:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # truncated or from an incompatible version: recompile
+        return None
 
 
 def _plain(g) -> Optional[dict]:
@@ -174,24 +206,20 @@ def load(k: Optional[str], config: Config) -> Optional[tuple]:
     """(Artifact, GraphRecord) stored under k, or None."""
     if k is None:
         return None
-    path = _path(k, config)
-    if not os.path.exists(path):
+    from trainc.runtime import Artifact, ExpandedBackwards
+    stored = _read(_path(k, config))
+    if stored is None:
         return None
+    sig, graphs, record, acc = stored
+    built = [None if g is None else _build(g, config) for g in graphs]
+    expanded = ExpandedBackwards(None, (k, config)) if built[1] is not None else None
+    return Artifact(sig, *built, acc, expanded), record
+
+
+def _build(g: dict, config: Config):
     from trainc.codegen import CompiledGraph
-    from trainc.runtime import Artifact
-    try:
-        with open(path, "rb") as f:
-            sig, graphs, record, acc = pickle.load(f)
-    except Exception:  # truncated or from an incompatible version: recompile
-        return None
-    built = []
-    for g in graphs:
-        if g is None:
-            built.append(None)
-            continue
-        kind, recipe = g["extra"]["recipe"]
-        built.append(CompiledGraph(run=_rebuild(kind, recipe, config), **g))
-    return Artifact(sig, *built, acc), record
+    kind, recipe = g["extra"]["recipe"]
+    return CompiledGraph(run=_rebuild(kind, recipe, config), **g)
 
 
 def _rebuild(kind: str, recipe: Any, config: Config):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Sequence
 
@@ -18,7 +19,7 @@ from trainc.joint import trace_joint
 from trainc.partition import partition
 from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, mark_mutable_inputs,
                            run_passes)
-from trainc.runtime import Artifact
+from trainc.runtime import Artifact, ExpandedBackwards
 
 
 def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
@@ -33,6 +34,8 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
         return art
     with compile_workers(config.backend, _device(args), config, len(gm.graph.nodes)):
         art, record = _compile(gm, args, kinds, training, config, gid, t0)
+    if art.expanded is not None:
+        art.expanded.cache = (key, config)
     artifact_cache.store(key, art, record, config)
     records.publish(record, config)
     return art
@@ -58,7 +61,10 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     fwd = backend.compile(mark_static_inputs(fwd_gm, stays), _example_inputs(fwd_gm))
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
-    art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan)
+    expanded = ExpandedBackwards(functools.partial(
+        _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents))) \
+        if bwd_gm is not None else None
+    art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
@@ -73,6 +79,21 @@ def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):
         return None
     _saved_layouts(fwd, bwd_gm, n_fwd_outputs)
     return backend.compile(mark_static_inputs(bwd_gm, ()), _example_inputs(bwd_gm))
+
+
+def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, strides: list):
+    """The backward again, its tangent placeholders (the last ones) given these strides (None:
+    as traced); the saved values keep the layouts _saved_layouts gave them."""
+    tangents = [n for n in bwd_gm.graph.nodes if n.op == "placeholder"][-n_tangents:]
+    traced = [n.meta.get("val") for n in tangents]
+    try:
+        for node, val, stride in zip(tangents, traced, strides):
+            if stride is not None:
+                node.meta["val"] = val.new_empty_strided(val.shape, stride)
+        return backend.compile(bwd_gm, _example_inputs(bwd_gm))
+    finally:
+        for node, val in zip(tangents, traced):
+            node.meta["val"] = val
 
 
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")

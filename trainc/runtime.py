@@ -7,7 +7,7 @@ other are regenerated as views, so they alias exactly as in eager mode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -29,6 +29,46 @@ class Artifact:
     # [saved, tangents, .grad of the plan's parameters] -> grads, those added into their .grad
     bwd_acc: Optional[CompiledGraph] = None
     acc: Optional[accumulate.AccumulatePlan] = None
+    # backwards compiled for tangents that arrive expanded (the gradient of out.sum(): stride
+    # 0 everywhere), made on first use; None (e.g. loaded from the artifact cache): such
+    # tangents are made contiguous
+    expanded: Optional["ExpandedBackwards"] = None
+
+
+class ExpandedBackwards:
+    """The backward graph compiled again per layout of its expanded tangents (a stride-0 dim of
+    size > 1), so it reads them as they are instead of getting a dense copy: `.contiguous()` of
+    out.sum()'s gradient writes the whole output (1 GiB per step for normact float32 on the
+    H200) and, on CPU, page-faults it in."""
+
+    def __init__(self, compile_with: Optional[Callable[[list], CompiledGraph]],
+                 cache: Optional[tuple] = None):
+        # tangent strides (None: as traced) -> backward; None when the artifact came from the
+        # disk cache (no graph to compile: only variants an earlier process stored are used)
+        self.compile_with = compile_with
+        self.cache = cache  # (artifact cache key, config)
+        self.graphs: dict[tuple, Optional[CompiledGraph]] = {}
+
+    def get(self, tangents: list) -> Optional[CompiledGraph]:
+        key = tuple(tuple(t.stride()) if _expanded(t) else None for t in tangents)
+        if not any(k is not None for k in key):
+            return None
+        if key not in self.graphs:
+            self.graphs[key] = self._make(key)
+        return self.graphs[key]
+
+    def _make(self, key: tuple) -> Optional[CompiledGraph]:
+        from trainc import artifact_cache
+        k, config = self.cache if self.cache is not None else (None, None)
+        graph = artifact_cache.load_variant(k, key, config)
+        if graph is None and self.compile_with is not None:
+            graph = self.compile_with(list(key))
+            artifact_cache.store_variant(k, key, graph, config)
+        return graph
+
+
+def _expanded(t: torch.Tensor) -> bool:
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
 
 
 def run(art: Artifact, args: Sequence[Any]) -> list:
@@ -109,9 +149,15 @@ class _Function(torch.autograd.Function):
         tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
         saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
         nm = len(sig.mutated_inputs)
-        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None
-                    else g.contiguous() for g, (shape, dtype, device) in
+        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                    for g, (shape, dtype, device) in
                     zip((grads[nm + t] for t in sig.tangents), ctx.tangent_meta)]
+        bwd = art.expanded.get(tangents) if art.expanded is not None and art.acc is None \
+            else None
+        if bwd is not None:
+            results = bwd.run(saved + tangents)
+            return (None, *_grads_by_input(sig, results))
+        tangents = [g.contiguous() for g in tangents]
         into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, saved + tangents)
         if into:
             results = art.bwd_acc.run(saved + tangents + into)
@@ -120,10 +166,14 @@ class _Function(torch.autograd.Function):
                 results[k] = None  # AccumulateGrad gets nothing to add
         else:
             results = art.bwd.run(saved + tangents)
-        out: list = [None] * len(sig.inputs)
-        for i, g in zip(sig.grads, results):
-            out[i] = g
-        return (None, *out)
+        return (None, *_grads_by_input(sig, results))
+
+
+def _grads_by_input(sig: GraphSignature, results: list) -> list:
+    out: list = [None] * len(sig.inputs)
+    for i, g in zip(sig.grads, results):
+        out[i] = g
+    return out
 
 
 def _user_outputs(sig: GraphSignature, args: Sequence, computed: Sequence) -> list:

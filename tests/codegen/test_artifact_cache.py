@@ -20,9 +20,12 @@ import json, sys, torch
 sys.path.insert(0, {bench!r})
 import models, trainc
 from trainc import pipeline
-calls = []
+from trainc import artifact_cache
+calls, variants = [], []
 real = pipeline.trace_joint
 pipeline.trace_joint = lambda *a, **k: calls.append(1) or real(*a, **k)
+real_variant = artifact_cache.load_variant
+artifact_cache.load_variant = lambda *a: variants.append(real_variant(*a) is not None) or real_variant(*a)
 out = {{}}
 for name in ("convnet", "normact"):
     m, x, loss = models.build(name)
@@ -30,7 +33,7 @@ for name in ("convnet", "normact"):
     ls = [models.step(f, x, loss).item() for _ in range(2)]
     out[name] = [ls, [p.grad.sum().item() for p in m.parameters()],
                  [b.float().sum().item() for b in m.buffers()]]
-print(json.dumps([len(calls), out]))
+print(json.dumps([len(calls), out, variants]))
 """
 
 
@@ -46,10 +49,14 @@ def _run(cache: str) -> tuple:
 
 
 def test_second_process_loads_the_artifact_and_matches_bitwise(tmp_path):
-    traced, first = _run(str(tmp_path))
+    traced, first, variants = _run(str(tmp_path))
     assert traced == 2 and os.listdir(tmp_path / "artifacts")
-    traced, second = _run(str(tmp_path))
+    # normact's loss is out.sum(): its backward for the expanded tangent is compiled and stored
+    assert variants == [False]
+    assert any("_t" in f for f in os.listdir(tmp_path / "artifacts"))
+    traced, second, variants = _run(str(tmp_path))
     assert traced == 0, "the second process re-traced instead of loading the artifact"
+    assert variants == [True], "the second process did not load the expanded-tangent backward"
     assert first == second
 
 

@@ -257,6 +257,25 @@ def test_backward_makes_no_zeros_for_outputs_without_gradients():
         torch.testing.assert_close(p_.grad, q.grad)
 
 
+def test_expanded_tangents_are_read_in_place():
+    """out.sum()'s gradient is expanded (stride 0): the backward compiled for that layout reads
+    it as it is (no dense copy) and gives eager's gradients; so does a partly expanded one."""
+    import copy
+    m = nn.Sequential(nn.LayerNorm(16), nn.GELU())
+    e = copy.deepcopy(m)
+    c = _compile(m)
+    x = torch.randn(8, 16)
+    r = copy.deepcopy(m).double()
+    for loss in (lambda y: y.sum(), lambda y: y.sum(0).pow(2).sum(), lambda y: (y * y).sum()):
+        xc, xe, xr = (x.clone().to(dt).requires_grad_() for dt in (x.dtype, x.dtype, torch.double))
+        for fn, xi in ((c, xc), (e, xe), (r, xr)):
+            loss(fn(xi)).backward()
+        assert_policy("x.grad", xc.grad, xe.grad, xr.grad)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        c(x).sum().backward()
+    assert not [e.key for e in p.key_averages() if e.key == "aten::clone"]  # contiguous()
+
+
 def test_double_backward_raises_clear_error():
     c = _compile(lambda x: (x ** 3).sum())
     x = torch.randn(3, requires_grad=True)

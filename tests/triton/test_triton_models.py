@@ -100,3 +100,20 @@ def test_explain_lists_triton_kernels():
     m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.GELU()).to(DEVICE)
     rep = trainc.explain(m, torch.randn(4, 8, device=DEVICE), backend="triton")
     assert rep.kernels and not rep.fallback_ops
+
+
+def test_expanded_tangent_read_in_place():
+    """out.sum()'s gradient (stride 0) goes to a backward compiled for that layout."""
+    m = nn.Sequential(nn.LayerNorm(32), nn.GELU()).to(DEVICE)
+    e = copy.deepcopy(m)
+    f = trainc.compile(m, backend="triton")
+    x = torch.randn(16, 32, device=DEVICE)
+    r = copy.deepcopy(m).double()
+    for _ in range(2):
+        xc, xe, xr = (x.clone().to(dt).requires_grad_() for dt in (x.dtype, x.dtype, torch.double))
+        for fn, xi in ((f, xc), (e, xe), (r, xr)):
+            fn(xi).sum().backward()
+        assert_policy("x.grad", xc.grad, xe.grad, xr.grad)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        f(x).sum().backward()
+    assert not [k.key for k in p.key_averages() if k.key == "aten::clone"]  # contiguous()
