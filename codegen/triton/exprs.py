@@ -214,6 +214,10 @@ class Body:
         if e.name in _STEPS or (e.name == "cast" and not e.dtype.is_floating_point):
             # a quotient rounded to an integer or compared: an ulp off can move it a whole step
             self.p.exact_divs.update(x for x in e.args if isinstance(x, ir.Op))
+        if e.name == "truediv" and isinstance(e.args[1], ir.Const):
+            # a mean (sum / n) as eager rounds it: the mean of equal values is that value, which
+            # ties in a later max/min and its backward depend on (reductions._divide)
+            self.p.exact_divs.add(e)
         a = [self.value(x) for x in e.args]
         return op_code(e, a, [x.dtype for x in e.args],
                        self.p.precise_div or e in self.p.exact_divs)

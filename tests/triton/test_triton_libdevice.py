@@ -55,6 +55,19 @@ def test_quotient_rounded_or_compared_is_ieee():
         assert torch.equal(o, r), (o, r)
 
 
+def test_mean_divides_exactly_so_ties_with_it_hold():
+    """mean = sum / n keeps IEEE division with fast division on: 15 equal values (their sum
+    exact) average to exactly that value, so maximum(x, x.mean()) ties everywhere and its
+    gradient splits as eager's does (findings/programs_cpp_0_0_20261207 on cpp)."""
+    x = torch.full((15,), 0.75)
+    fn = lambda x: (torch.maximum(x, x.mean()), x.mean(), x.var())
+    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(x.to(DEVICE))
+    c = TritonBackend(make_config(triton_precise_div=False)).compile(gm, [x.to(DEVICE)])
+    assert " / " not in "".join(c.extra["triton"].split("def kernel")[1:])
+    for o, r in zip(c.run([x.to(DEVICE)]), fn(x.to(DEVICE))):
+        assert torch.equal(o, r), (o, r)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_division_natively_on_gpu():
@@ -63,3 +76,4 @@ def test_division_natively_on_gpu():
     for precise in (False, True):
         test_float32_division_fast_or_ieee(precise)
     test_quotient_rounded_or_compared_is_ieee()
+    test_mean_divides_exactly_so_ties_with_it_hold()
