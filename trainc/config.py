@@ -81,7 +81,8 @@ class Config:
     # Off: H200 session 11 (measured with approximate sqrt too; sqrt stays IEEE), bf16 AdamW
     # update 100 -> 80 us per 16.7M-element weight, normact forward 1.27 -> 1.18 ms; 2 ulp is
     # far below DESIGN.md's float32 floor (1e-5).
-    # TRAINC_TRITON_PRECISE_DIV=1 turns it on. floor-division and remainder stay IEEE.
+    # TRAINC_TRITON_PRECISE_DIV=1 turns it on. Always IEEE: floor-division, remainder, a
+    # quotient that is floored/rounded/cast to an integer/compared, division by a constant.
     triton_precise_div: bool = False
     # backend="triton" on CUDA: processes (at most one per CPU and per 4 captured graph nodes,
     # started before tracing) and threads compiling a graph's kernels concurrently at compile
