@@ -75,13 +75,51 @@ def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypat
         # mean, centered squares, amax and b's sum split; the others reduce too few elements
         # per output (amin) or have one reduced dim (y's column sums)
         assert len(set(re.findall(r"buf\d+_part\b", c.source))) == 4, "not split"
-        columns.append(sum(k.ks.column for k in vars(c.run.__globals__["K"]).values()))
+        columns.append([k.ks.column for k in vars(c.run.__globals__["K"]).values()])
     # reads along x (wide x tiles, looped): the final stages and y's column sums; channels-last,
-    # the partials of the per-channel statistics too
-    assert 0 < columns[0] < columns[1], columns
+    # the partials of the per-channel statistics too (kernel0: the mean's and the centered
+    # squares' partials, one kernel)
+    assert 0 < sum(columns[0]) <= sum(columns[1]) and columns[1][0] and not columns[0][0], \
+        columns
     # bf16: the partials are float32, one rounding at the end as in eager
     c = check(lambda b: b.sum((0, 1)), _big(16, 32, 7, dtype=torch.bfloat16), rtol=8e-3)
     assert "_part" in c.source
     monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 1 << 30)
     assert "_part" not in check(f, x, _big(512, 5), _big(16, 32, 7), rtol=1e-4,
                                 atol=1e-5).source
+
+
+def test_variance_after_its_mean_splits_the_parallel_way(monkeypatch):
+    """var_mean / batch-norm statistics over many elements: the partials of the sum, of the
+    deviations from each part's own mean and of their squares in one kernel, the totals
+    (Chan's combination) in one more; as accurate as the two-pass split, also far from 0."""
+    from trainc.codegen import split_reductions as sr
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 256)
+    x = _big(8, 6, 16, 16) * 0.01 + 1000
+    f = lambda x: torch.var_mean(x, dim=(0, 2, 3), correction=1)
+    errors = {}
+    for chan in (True, False):
+        if not chan:
+            monkeypatch.setattr(sr, "_split_variance", lambda *a: None)
+        for a in (x, x.contiguous(memory_format=torch.channels_last)):
+            c = compile_triton(f, a.to(DEVICE))
+            var, mean = c.run([a.to(DEVICE)])
+            rv, rm = torch.var_mean(a.double(), dim=(0, 2, 3), correction=1)
+            errors.setdefault(chan, []).append(
+                ((var.cpu().double() - rv).norm() / rv.norm()).item())
+            assert_same(mean.cpu(), rm.float(), 1e-6, 0, "mean")
+            assert len(re.findall(r"K\.kernel\d+\(", c.source)) == (2 if chan else 4)
+    assert all(e < 2e-5 for e in errors[True]), errors
+    assert all(a <= 1.5 * b for a, b in zip(errors[True], errors[False])), errors
+
+
+def test_other_sums_of_deviations_split_plainly(monkeypatch):
+    """Only sum((x - mean) ** 2) takes the parallel form: a cube, a product with another tensor
+    or a mean of something else split the two-pass way and stay right."""
+    from trainc.codegen import split_reductions as sr
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 256)
+    x, y = _big(8, 6, 16, 16), _big(8, 6, 16, 16)
+    m = lambda t: t.mean((0, 2, 3), keepdim=True)
+    check(lambda x, y: (((x - m(x)) ** 3).sum((0, 2, 3)), ((x - m(x)) * y).sum((0, 2, 3)),
+                        ((x - m(y)) ** 2).sum((0, 2, 3)), torch.var(x, (0, 2, 3))),
+          x, y, rtol=1e-4, atol=1e-5)
