@@ -25,6 +25,11 @@ from trainc.passes.reinplace_ops import MUTABLE_INPUTS
 # one-hot scaled by a row's weight (cross_entropy's backward) is recomputed, not stored.
 INLINE_LIMIT = 8
 EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materialized
+# Triton: a one-element value whose ops cost this much is stored once, not inlined into its
+# users: an optimizer's bias corrections (float64 pow of the step count) inlined into a weight
+# update were computed again by every GPU thread of it; stored, the scheduler's small-node rule
+# puts them together in a small kernel. (cpp: GCC hoists them out of the loops itself.)
+SCALAR_LIMIT = 5
 # node.meta key: store the value where the node stands, not where a later reader inlines it
 # (a gradient added into .grad right after the extern that made it, while it is hot in cache)
 STORE_NOW = "trainc_store_now"
@@ -110,10 +115,14 @@ class GraphLowering:
 
     `channels_last`: 2-D convolutions take their activations channels-last (NHWC in memory),
     as cuDNN and oneDNN run them fastest; the values around them follow (`_preferred_layout`),
-    so the layout changes once, not at every convolution."""
+    so the layout changes once, not at every convolution.
+    `store_scalars`: one-element values with a transcendental in them are stored once, not
+    inlined (SCALAR_LIMIT; Triton, where every thread of a kernel would compute them again)."""
 
-    def __init__(self, gm: fx.GraphModule, channels_last: bool = False):
+    def __init__(self, gm: fx.GraphModule, channels_last: bool = False,
+                 store_scalars: bool = False):
         self.gm, self.g, self.channels_last = gm, LoweredGraph(), channels_last
+        self.store_scalars = store_scalars
         self.env: dict[fx.Node, Any] = {}
         self.node: Optional[fx.Node] = None
         self._names = 0
@@ -409,10 +418,26 @@ class GraphLowering:
             return
         e = v(ir.symbols("t", v.shape))
         crosses = _crosses(node)
-        if ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
+        if self.store_scalars and math.prod(v.shape) == 1 and not crosses and \
+                ir.compute_cost(e) >= SCALAR_LIMIT:
+            self.env[node] = self._realize_scalar(v, e)
+        elif ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
                 (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
+
+    def _realize_scalar(self, v: TensorValue, e: ir.Expr) -> TensorValue:
+        """SCALAR_LIMIT: stored once; computed first in the program when it reads only graph
+        inputs (an optimizer's bias corrections), so that the updates reading it can still join
+        the kernels that make their gradients (stored where it stands, it kept them waiting)."""
+        out = self.realize(v)
+        last = self.g.steps[-1] if self.g.steps else None
+        if isinstance(last, ComputeNode) and out.view is not None and last.name == out.view.buf \
+                and all(self.g.buffers[x.buf].kind == "input" for x in ir.loads(e)):
+            self.g.steps.pop()
+            last.region = 0  # depends on nothing a recompute region makes
+            self.g.steps.insert(0, last)
+        return out
 
     def _store_narrow(self, node: fx.Node, v: TensorValue) -> Optional[TensorValue]:
         """A float32 copy of a bfloat16/float16 value computed here (the upcast a bf16 norm
@@ -545,5 +570,5 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,
-          channels_last: bool = False) -> LoweredGraph:
-    return GraphLowering(gm, channels_last).run(lowerings, is_extern)
+          channels_last: bool = False, store_scalars: bool = False) -> LoweredGraph:
+    return GraphLowering(gm, channels_last, store_scalars).run(lowerings, is_extern)

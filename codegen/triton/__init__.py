@@ -56,7 +56,7 @@ class TritonBackend:
         channels_last = self.config.conv_channels_last
         if channels_last is None:
             channels_last = _low_precision_convolutions(gm)
-        lowered = lower(gm, LOWERINGS, is_extern, channels_last)
+        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
