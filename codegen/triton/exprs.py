@@ -83,7 +83,11 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype], precise_div: bool = 
     if n in _PRELUDE_FN:
         return f"{_PRELUDE_FN[n]}({a[0]})"
     if n == "pow" and isinstance(e.args[1], ir.Const) and fp and float(e.args[1].value) in _POW:
-        code = _POW[float(e.args[1].value)].format(a=a[0])
+        k = float(e.args[1].value)
+        if ieee and k in (-1.0, -2.0):  # x ** -1, x ** -2: divisions
+            one = "tl.full([1], 1.0, tl.float32)"
+            return f"tl.div_rn({one}, {a[0] if k == -1.0 else f'({a[0]} * {a[0]})'})"
+        code = _POW[k].format(a=a[0])
         return code.replace("sqrt_rn", "sqrt") if e.dtype != torch.float32 else code
     if n in _LIBDEVICE:
         # the interpreter has no libdevice: tl-primitive stand-ins from the prelude there
