@@ -1,6 +1,7 @@
 """GPU kernel/host profile of one shared model, trainc vs Inductor (a diagnostic, not a table).
 
     python benchmarks/kprof.py MODEL DTYPE fwdbwd|step [MODES]   (MODES: inductor,trainc,...)
+    KPROF_OFF=variance,scalars python benchmarks/kprof.py ...     (A/B: those changes off)
 
 Per mode: median wall ms of 15 CUDA-event-timed steps, host ms to issue a step, then
 torch.profiler over 5 steps: kernel ms and launches per step and the top kernels (TOP=N, default
@@ -19,6 +20,16 @@ for _bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
         sys.path.insert(0, os.path.abspath(_bench))
 import models  # noqa: E402
 import trainc  # noqa: E402
+
+# KPROF_OFF=variance,scalars: time trainc without session 11's untimed Triton changes (the
+# parallel variance split, stored one-element scalars), for an A/B in separate processes
+_off = set(filter(None, os.environ.get("KPROF_OFF", "").split(",")))
+if "variance" in _off:
+    from trainc.codegen import split_reductions as _sr
+    _sr._split_variance = lambda *a: None
+if "scalars" in _off:
+    from trainc.codegen import graph as _graph
+    _graph.SCALAR_LIMIT = 1 << 30
 
 name, dt, kind = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]
 modes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["inductor", "trainc"]
