@@ -201,9 +201,9 @@ class KernelPrinter:
         # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
-        self._stored = {self.rename.get(n.name, n.name) for n in kern.nodes}
         self._consts: dict[str, str] = {}  # load text -> name, read once before the loops
         written = {n.name for n in kern.nodes} | set(self.rename.values()) | set(kern.scratch)
+        self.written = written
         self.tiny = [self._tiny_inner(k) for k in range(len(kern.loops))]
         dims = [self._vector_dim(k) for k in range(len(kern.loops))]
         self.hoists = [] if kern.kind != "loops" else plan_hoists(
@@ -249,7 +249,7 @@ class KernelPrinter:
             return f"({x} != 0)" if e.dtype == torch.bool else x
         param = self.rename.get(e.buf, e.buf)
         self.params.setdefault(param, False)
-        constant = sympy.sympify(e.index).is_Integer and param not in self._stored
+        constant = sympy.sympify(e.index).is_Integer and param not in self.written
         x = f"{param}[{e.index if constant else body.index(e.index)}]"
         dt = self.g.buffers[e.buf].dtype
         if dt == torch.bool:

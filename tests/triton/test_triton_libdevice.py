@@ -2,12 +2,8 @@
 run under TRITON_INTERPRET, where the prelude's tl-primitive stand-ins replace libdevice."""
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from trainc import decomps
-from trainc.codegen.triton import TritonBackend
-from trainc.config import make_config
-from triton_helpers import DEVICE, assert_same, check
+from triton_helpers import DEVICE, assert_same, check, compile_triton
 
 
 def test_pow_with_tensor_exponent_special_cases():
@@ -33,8 +29,7 @@ def test_float32_division_fast_or_ieee(precise):
                       4.0, -1e-3])
     fn = lambda a, b: (a / b, torch.reciprocal(b), b ** -1, b ** -2)
     args = [a.to(DEVICE), b.to(DEVICE)]
-    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(*args)
-    c = TritonBackend(make_config(triton_precise_div=precise)).compile(gm, args)
+    c = compile_triton(fn, *args, triton_precise_div=precise)
     assert ("tl.div_rn" in c.extra["triton"]) == precise
     for o, r in zip(c.run(args), fn(*args)):
         assert_same(o, r, 2.5e-7, 1e-44, "quotient")
@@ -47,8 +42,7 @@ def test_quotient_rounded_or_compared_is_ieee():
     b = torch.tensor([0.1, 3.0, 0.1, 3.0, -1e-3])
     fn = lambda a, b: ((a / b).floor(), (a / b).ceil(), (a / b).long(), a / b > 3.0)
     args = [a.to(DEVICE), b.to(DEVICE)]
-    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(*args)
-    c = TritonBackend(make_config(triton_precise_div=False)).compile(gm, args)
+    c = compile_triton(fn, *args, triton_precise_div=False)
     src = c.extra["triton"]
     assert "tl.div_rn" in src and " / " not in src.split("def kernel")[1]
     for o, r in zip(c.run(args), fn(*args)):
@@ -63,8 +57,7 @@ def test_mean_divides_exactly_so_ties_with_it_hold():
     exact values, not to eager."""
     x = torch.full((15,), 0.75, device=DEVICE)
     fn = lambda x: (torch.maximum(x, x.mean()), x.mean(), x.var())
-    gm = make_fx(fn, decomposition_table=decomps.TABLE, tracing_mode="fake")(x)
-    c = TritonBackend(make_config(triton_precise_div=False)).compile(gm, [x])
+    c = compile_triton(fn, x, triton_precise_div=False)
     assert " / " not in "".join(c.extra["triton"].split("def kernel")[1:])
     top, mean, var = c.run([x])
     assert torch.equal(top, x) and mean.item() == 0.75 and var.item() == 0.0

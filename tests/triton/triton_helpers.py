@@ -11,15 +11,17 @@ pytest.importorskip("triton", reason="triton is not installed")
 from trainc import decomps  # noqa: E402
 from trainc.codegen import CompiledGraph  # noqa: E402
 from trainc.codegen.triton import TritonBackend  # noqa: E402
+from trainc.config import make_config  # noqa: E402
 from policy import assert_same  # noqa: E402,F401  (shared with the other test helpers)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def compile_triton(fn, *args) -> CompiledGraph:
+def compile_triton(fn, *args, **options) -> CompiledGraph:
+    """`options`: Config fields (make_config), e.g. triton_precise_div=True."""
     gm = make_fx(lambda *a: _tuple(fn(*a)), decomposition_table=decomps.TABLE,
                  tracing_mode="fake")(*args)
-    return TritonBackend().compile(gm, list(args))
+    return TritonBackend(make_config(**options) if options else None).compile(gm, list(args))
 
 
 def _tuple(x):
