@@ -1,9 +1,9 @@
 """GPU kernel/host profile of one shared model, trainc vs Inductor (a diagnostic, not a table).
 
     python benchmarks/kprof.py MODEL DTYPE fwdbwd|step [MODES]   (MODES: inductor,trainc,...)
-    KPROF_OFF=variance,scalars python benchmarks/kprof.py ...     (A/B: those changes off)
+    KPROF_OFF=variance,scalars,cudaempty python benchmarks/kprof.py ...  (A/B: those changes off)
 
-Per mode: median wall ms of 15 CUDA-event-timed steps, host ms to issue a step, then
+Per mode: median wall ms of 15 (ITERS=N) CUDA-event-timed steps, host ms to issue a step, then
 torch.profiler over 5 steps: kernel ms and launches per step and the top kernels (TOP=N, default
 25). step: trainc.compile_step vs the model+loss compiled with a compiled AdamW step (modes
 trainc, trainc_nographs, inductor). Run each mode in its own process for host numbers: a
@@ -30,6 +30,9 @@ if "variance" in _off:
 if "scalars" in _off:
     from trainc.codegen import graph as _graph
     _graph.SCALAR_LIMIT = 1 << 30
+if "cudaempty" in _off:  # CUDA wrappers allocate through torch.empty_strided
+    from trainc.codegen import wrapper as _wrapper
+    _wrapper.EMPTY_CUDA = None
 
 name, dt, kind = sys.argv[1], getattr(torch, sys.argv[2]), sys.argv[3]
 modes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["inductor", "trainc"]
@@ -69,7 +72,7 @@ for mode in modes:
         f()
     torch.cuda.synchronize()
     walls, hosts = [], []
-    for _ in range(15):
+    for _ in range(int(os.environ.get("ITERS", "15"))):
         torch.cuda.synchronize()
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         t = time.perf_counter()

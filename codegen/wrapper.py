@@ -49,9 +49,20 @@ def _empty_cpu(size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 # CPU buffers: Dynamo's allocator entry point skips the Python argument parser and the
 # dispatcher (0.5 vs 2.3 us per buffer; gpt allocates ~40 per step); torch.empty_strided where
-# a torch build lacks it. (CUDA has one too, for the current device: untried on the GPU box.)
-EMPTY_CPU = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None),
-                    "_empty_strided_cpu", _empty_cpu)
+# a torch build lacks it. CUDA has one too, for the current device only (cuda_empty).
+_GUARDS = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+EMPTY_CPU = getattr(_GUARDS, "_empty_strided_cpu", _empty_cpu)
+EMPTY_CUDA = getattr(_GUARDS, "_empty_strided_cuda", None)
+
+
+def cuda_empty(device: torch.device) -> Callable:
+    """The allocator a CUDA wrapper uses for one call: Dynamo's current-device entry point when
+    `device` is the current device (or names none), else torch.empty_strided on `device`."""
+    if EMPTY_CUDA is not None and (device.index is None or
+                                   device.index == torch.cuda.current_device()):
+        return EMPTY_CUDA
+    return lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype,
+                                                           device=device)
 
 
 def restride(t: torch.Tensor, stride) -> torch.Tensor:
@@ -157,6 +168,8 @@ class _Writer:
                          "nan": float("nan"), "DEVICE": device}
         if device is None or device.type == "cpu":
             self.ns["empty"] = EMPTY_CPU
+        elif device.type == "cuda":
+            self.ns["cuda_empty"] = cuda_empty
         self.pool: dict[tuple, list[str]] = {}
         self.ours: set[str] = set()  # buffers the wrapper allocated (safe to reuse)
         self.storage = dict(sched.graph.storage)  # in-place result -> buffer it overwrites
@@ -236,7 +249,7 @@ class _Writer:
             self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
         else:
             self.alloc_line[name] = len(self.lines)
-            if "empty" in self.ns:
+            if "empty" in self.ns or "cuda_empty" in self.ns:
                 self.emit(f"{name} = empty({tuple(b.shape)}, {tuple(b.stride)}, {b.dtype})")
             else:
                 self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
@@ -262,8 +275,10 @@ class _Writer:
             self.at_peak = list(self.live_set)
 
     def free(self, k: int, item) -> None:
+        # inputs too: run() empties its argument list, so a saved activation the caller handed
+        # over (the backward's) is freed after its last use, not when the backward returns
         dead = sorted({b for b in self._reads(item) if self.last.get(b) == k} - self.keep
-                      - set(self.g.inputs) - set(self.g.consts) - self.claimed)
+                      - set(self.g.consts) - self.claimed)
         for b in dead:
             buf = self.g.buffers[b]
             key = _pool_key(buf)
@@ -296,11 +311,14 @@ class _Writer:
     def write(self) -> str:
         g = self.g
         self.emit(f"{', '.join(g.inputs) + ',' if g.inputs else '_'} = args")
+        self.emit("args.clear()")  # run(args) takes the inputs over: see free()
         for name in g.inputs:
             b = g.buffers[name]
             self.emit(f"if {name}.stride() != {b.stride} and {name}.numel() > 1: "
                       f"{name} = restride({name}, {b.stride})")
         self._upload_host_scalars()
+        if "cuda_empty" in self.ns:  # looked up once per call
+            self.emit("empty = cuda_empty(DEVICE)")
         for name, t in g.consts.items():
             self.ns[name] = t
         launches = self.tensors and any(isinstance(it, Kernel) for it in self.s.items)

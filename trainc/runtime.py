@@ -148,24 +148,31 @@ class _Function(torch.autograd.Function):
         sig = art.signature
         tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
         saved = [next(tensors) if t else next(others) for t in ctx.is_tensor]
+        # The compiled backward frees each saved value after its last use (run() takes its
+        # argument list over), so nothing else may hold them: autograd's references go now
+        # (kept when the graph is retained), ours are handed over in one list below.
+        del tensors
+        ctx.maybe_clear_saved_tensors()
         nm = len(sig.mutated_inputs)
         tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
                     for g, (shape, dtype, device) in
                     zip((grads[nm + t] for t in sig.tangents), ctx.tangent_meta)]
         bwd = art.expanded.get(tangents) if art.expanded is not None and art.acc is None \
             else None
+        if bwd is None:
+            tangents = [g.contiguous() for g in tangents]
+        args = saved + tangents
+        del saved, tangents, grads
         if bwd is not None:
-            results = bwd.run(saved + tangents)
-            return (None, *_grads_by_input(sig, results))
-        tangents = [g.contiguous() for g in tangents]
-        into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, saved + tangents)
+            return (None, *_grads_by_input(sig, bwd.run(args)))
+        into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, args)
         if into:
-            results = art.bwd_acc.run(saved + tangents + into)
+            results = art.bwd_acc.run(args + into)
             for k, g in zip(art.acc.slots, into):
                 g.copy_(results[k])  # no-op when written in place; bumps the version, as add_
                 results[k] = None  # AccumulateGrad gets nothing to add
         else:
-            results = art.bwd.run(saved + tangents)
+            results = art.bwd.run(args)
         return (None, *_grads_by_input(sig, results))
 
 

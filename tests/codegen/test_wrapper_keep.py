@@ -91,7 +91,7 @@ def test_keep_off_allocates_per_call():
                  tracing_mode="fake")(*args)
     c = CppBackend(make_config(cpp_keep_buffers=False)).compile(gm, args)
     assert c.extra["kept_bytes"] == 0 and "KEEP" not in c.source
-    for o, r in zip(c.run(args), _net(*args)):
+    for o, r in zip(c.run(list(args)), _net(*args)):
         assert_same(o, r, 1e-5, 1e-6)
 
 

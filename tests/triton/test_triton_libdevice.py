@@ -31,7 +31,7 @@ def test_float32_division_fast_or_ieee(precise):
     args = [a.to(DEVICE), b.to(DEVICE)]
     c = compile_triton(fn, *args, triton_precise_div=precise)
     assert ("tl.div_rn" in c.extra["triton"]) == precise
-    for o, r in zip(c.run(args), fn(*args)):
+    for o, r in zip(c.run(list(args)), fn(*args)):
         assert_same(o, r, 2.5e-7, 1e-44, "quotient")
 
 
@@ -45,7 +45,7 @@ def test_quotient_rounded_or_compared_is_ieee():
     c = compile_triton(fn, *args, triton_precise_div=False)
     src = c.extra["triton"]
     assert "tl.div_rn" in src and " / " not in src.split("def kernel")[1]
-    for o, r in zip(c.run(args), fn(*args)):
+    for o, r in zip(c.run(list(args)), fn(*args)):
         assert torch.equal(o, r), (o, r)
 
 
