@@ -128,6 +128,7 @@ class GraphLowering:
         self._names = 0
         # id of a lazy in-place result -> (that value, the buffer whose storage it may take)
         self._hints: dict[int, tuple[TensorValue, str]] = {}
+        self._input_bufs: dict[str, str] = {}  # placeholder name -> its input buffer
 
     # -- buffers ------------------------------------------------------------------------
     def new_buffer(self, shape, dtype, kind: str, stride=None, prefix: str = "buf") -> str:
@@ -323,13 +324,13 @@ class GraphLowering:
         in-place op to reinplace: a 16-bit optimizer state updated through a float32
         `_to_copy`), hint that buffer into the input's storage. plan_storage checks it like
         any in-place hint; taken, the runtime's write-back copy finds the input itself."""
-        inputs = {n.name: self.env[n] for n in self.gm.graph.nodes if n.op == "placeholder"}
         for name, slot in self.gm.meta.get(MUTABLE_INPUTS, {}).items():
-            v, out = inputs.get(name), self.g.outputs[slot]
-            if (isinstance(v, TensorValue) and self.is_buffer(v) and isinstance(out, TensorArg)
-                    and out.whole and out.buf != v.view.buf
+            # the input's own buffer (its env entry is its latest value by now: an in-place
+            # chain such as BatchNorm's running_mean.mul_(m).add_(...) leaves a computed one)
+            t, out = self._input_bufs.get(name), self.g.outputs[slot]
+            if (t is not None and isinstance(out, TensorArg) and out.whole and out.buf != t
                     and self.g.buffers[out.buf].kind == "compute"):
-                self.g.reuse.setdefault(out.buf, v.view.buf)
+                self.g.reuse.setdefault(out.buf, t)
 
     def _input(self, node: fx.Node, kind: str) -> Any:
         v = node.meta.get("val")
@@ -342,6 +343,7 @@ class GraphLowering:
             self.g.consts[name] = v
         else:
             self.g.inputs.append(name)
+            self._input_bufs[node.name] = name
         return self.load(name)
 
     def _call(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:

@@ -90,12 +90,16 @@ def pack_scalars(ts: Sequence[torch.Tensor]) -> torch.Tensor:
     Triton's precompile assumes (packed tightly, 3 in 4 float32 views were not: their kernels
     compiled again at their first launch)."""
     width = max(1, SCALAR_ALIGN // ts[0].element_size())
-    return torch.stack([t.reshape(()) for t in ts]).unsqueeze(1).expand(len(ts), width).clone()
+    # (host time before a step's first launch: one op per scalar only where one is not 0-d)
+    flat = ts if all(t.dim() == 0 for t in ts) else [t.reshape(()) for t in ts]
+    return torch.stack(flat).unsqueeze(1).expand(len(ts), width).clone()
 
 
 def scalar_views(packed: torch.Tensor, ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The scalars of a packed (n, width) tensor, each viewed in its original shape."""
-    return [packed[j, 0].view(t.shape) for j, t in enumerate(ts)]
+    """The scalars of a packed (n, width) tensor, each viewed in its original shape (unbind:
+    one op for all of them)."""
+    views = packed[:, 0].unbind(0)
+    return [v if t.dim() == 0 else v.view(t.shape) for v, t in zip(views, ts)]
 
 
 def upload_scalars(device: torch.device, *ts: torch.Tensor) -> list[torch.Tensor]:

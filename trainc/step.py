@@ -310,10 +310,11 @@ class CompiledStep:
             for p, g in zip(used, grads):
                 p.grad = g
         else:
-            for p, keys in zip(used, comp.layout.state_keys):
-                for k in keys:
-                    if k in self.rule.host_counters:
-                        self.optimizer.state[p][k].add_(1)
+            counters = [self.optimizer.state[p][k] for p, keys in
+                        zip(used, comp.layout.state_keys) for k in keys
+                        if k in self.rule.host_counters]
+            if counters:  # one op for all of them (AdamW on mlp: 48 step counts)
+                torch._foreach_add_(counters, 1)
             for _, p in self.params:
                 p.grad = None
             # LR schedulers check this flag to warn about calling them before optimizer.step().

@@ -4,6 +4,7 @@ compile_step allocates no second copy of parameters or optimizer state."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -259,3 +260,29 @@ def test_16bit_adam_state_is_written_back_in_place(backend):
     state = [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
     graph = list(step.cache.values())[-1].graph
     assert graph.extra["inplace"] >= len(params) + len(state), graph.extra["inplace"]
+
+
+def test_batchnorm_running_stats_are_updated_in_place(tmp_path, monkeypatch):
+    """running_mean, running_var and num_batches_tracked get their new values written into their
+    own storage by the forward's kernels: no separate buffer and no copy back afterwards (the
+    input's version counter still moves, as copy_ would move it)."""
+    import trainc
+    monkeypatch.setenv("TRAINC_DEBUG_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    ref = copy.deepcopy(m)
+    x = torch.randn(4, 3, 10, 10)
+    bn = m[1]
+    ptrs = [t.data_ptr() for t in (bn.running_mean, bn.running_var, bn.num_batches_tracked)]
+    versions = [t._version for t in (bn.running_mean, bn.running_var, bn.num_batches_tracked)]
+    f = trainc.compile(m, backend="cpp")
+    for _ in range(2):
+        f(x).sum().backward()
+        ref(x).sum().backward()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(bn, name), getattr(ref[1], name))
+    after = (bn.running_mean, bn.running_var, bn.num_batches_tracked)
+    assert [t.data_ptr() for t in after] == ptrs
+    assert all(t._version > v for t, v in zip(after, versions))
+    src = next(tmp_path.rglob("30_fwd_wrapper.py")).read_text()
+    assert len(re.findall(r"= arg\d+  # in place", src)) == 3, src
