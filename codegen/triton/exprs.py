@@ -68,6 +68,18 @@ _POW = {2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 1.0: "{a}", 0.5: "tl.sqrt_
         -1.0: "(1.0 / {a})", -0.5: "tl.rsqrt({a})", -2.0: "(1.0 / ({a} * {a}))"}
 
 
+def exact_reciprocal(c) -> Optional[float]:
+    """1/c when c is a power of two whose reciprocal float32 holds exactly (then x / c and
+    x * (1/c) are the same correctly rounded value for every x), else None."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c == 0:
+        return None
+    m, _ = math.frexp(abs(c))
+    r = 1.0 / c
+    if m != 0.5 or r == 0 or float(torch.tensor(r, dtype=torch.float32)) != r:
+        return None
+    return r
+
+
 def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype], precise_div: bool = True) -> str:
     """`precise_div`: float32 division IEEE-rounded (tl.div_rn) rather than Triton's `/`
     (div.full.f32: full range, within 2 ulp; Config.triton_precise_div)."""
@@ -219,6 +231,10 @@ class Body:
             # a quotient rounded to an integer or compared: an ulp off can move it a whole step
             self.p.exact_divs.update(x for x in e.args if isinstance(x, ir.Op))
         if e.name == "truediv" and isinstance(e.args[1], ir.Const):
+            r = exact_reciprocal(e.args[1].value) if e.dtype.is_floating_point and \
+                e.args[0].dtype == e.dtype else None
+            if r is not None:  # x / 2^k == x * 2^-k, bit for bit: one multiply, no division
+                return f"({self.value(e.args[0])} * {self.p.const(ir.Const(r, e.dtype))})"
             # a mean (sum / n) as eager rounds it: the mean of equal values is that value, which
             # ties in a later max/min and its backward depend on (reductions._divide)
             self.p.exact_divs.add(e)

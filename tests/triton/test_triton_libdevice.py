@@ -63,6 +63,20 @@ def test_mean_divides_exactly_so_ties_with_it_hold():
     assert torch.equal(top, x) and mean.item() == 0.75 and var.item() == 0.0
 
 
+def test_division_by_a_power_of_two_is_a_multiply():
+    """x / 2^k prints as x * 2^-k (the same correctly rounded value for every x, subnormal
+    results, signed zeros, Inf and NaN included); other constant divisors stay divisions."""
+    x = torch.tensor([1.0, -3.0, 0.0, -0.0, float("inf"), float("nan"), 3e38, 1e-38, 7e-45,
+                      0.1, 2049.0, -5.5], device=DEVICE)
+    fn = lambda x: (x / 2048, x / -0.25, x / 2.0 ** 127, x / 3.0, x.sum() / 4)
+    c = compile_triton(fn, x, triton_precise_div=True)
+    src = "".join(c.extra["triton"].split("def kernel")[1:])
+    assert src.count("tl.div_rn") == 1, src  # x / 3.0 only
+    for o, r in zip(c.run([x]), fn(x)):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()])
+        assert torch.equal(o.signbit(), r.signbit())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_division_natively_on_gpu():
@@ -72,3 +86,4 @@ def test_division_natively_on_gpu():
         test_float32_division_fast_or_ieee(precise)
     test_quotient_rounded_or_compared_is_ieee()
     test_mean_divides_exactly_so_ties_with_it_hold()
+    test_division_by_a_power_of_two_is_a_multiply()
