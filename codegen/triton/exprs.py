@@ -144,8 +144,16 @@ def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst in (torch.bfloat16, torch.float16):  # round now, keep computing in float32
         if src == torch.bool:  # 0/1 are exact in float32; the interpreter mis-casts i1 -> bf16
             return f"{x}.to(tl.float32)"
-        return f"{to_dtype(x, src, dst)}.to(tl.float32)"
+        return widen(to_dtype(x, src, dst), dst)
     return f"{x}.to({TL[dst]})"
+
+
+def widen(x: str, dtype: torch.dtype) -> str:
+    """A bfloat16/float16 value as float32. Under the interpreter bfloat16 goes by its bits
+    (_bf16_f32): the interpreter's own cast gets subnormals wrong (1e-38 read as 8.3e-39)."""
+    if dtype == torch.bfloat16 and _interpreting():
+        return f"_bf16_f32({x})"
+    return f"{x}.to(tl.float32)"
 
 
 def _interpreting() -> bool:
@@ -232,7 +240,7 @@ class Body:
             self.p.exact_divs.update(x for x in e.args if isinstance(x, ir.Op))
         if e.name == "truediv" and isinstance(e.args[1], ir.Const):
             r = exact_reciprocal(e.args[1].value) if e.dtype.is_floating_point and \
-                e.args[0].dtype == e.dtype else None
+                e.args[0].dtype.is_floating_point else None
             if r is not None:  # x / 2^k == x * 2^-k, bit for bit: one multiply, no division
                 return f"({self.value(e.args[0])} * {self.p.const(ir.Const(r, e.dtype))})"
             # a mean (sum / n) as eager rounds it: the mean of equal values is that value, which

@@ -15,7 +15,7 @@ from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
 from trainc.codegen.triton.exprs import (TL, Body, cast_code, compute, index_code, literal,
-                                          tl_compute, to_dtype)
+                                          tl_compute, to_dtype, widen)
 from trainc.codegen.triton.split import Scratch, split_source, splittable
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
@@ -142,9 +142,8 @@ class KernelPrinter:
         self.params.setdefault(param, False)
         self.loaded.add(param)
         code = f"tl.load({param} + {idx}" + (f", mask={m}, other=0)" if m else ")")
-        if self.g.buffers[e.buf].dtype in (torch.bfloat16, torch.float16):
-            code += ".to(tl.float32)"
-        return code
+        dtype = self.g.buffers[e.buf].dtype
+        return widen(code, dtype) if dtype in (torch.bfloat16, torch.float16) else code
 
     def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
               atomic: bool = False) -> None:
@@ -494,10 +493,17 @@ def _tanh(x):
 
 @triton.jit
 def _rne_bf16(x):
-    # float32 -> bfloat16 rounded to nearest even (used only under the interpreter); NaN stays
+    # float32 -> bfloat16 rounded to nearest even, by its bits (used only under the interpreter:
+    # its casts truncate and get subnormals wrong); NaN becomes c10's 0x7FC0
     u = x.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, r.to(tl.float32, bitcast=True)).to(tl.bfloat16)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, r).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _bf16_f32(x):
+    # bfloat16 -> float32 by its bits (used only under the interpreter)
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -67,14 +67,16 @@ def test_division_by_a_power_of_two_is_a_multiply():
     """x / 2^k prints as x * 2^-k (the same correctly rounded value for every x, subnormal
     results, signed zeros, Inf and NaN included); other constant divisors stay divisions."""
     x = torch.tensor([1.0, -3.0, 0.0, -0.0, float("inf"), float("nan"), 3e38, 1e-38, 7e-45,
-                      0.1, 2049.0, -5.5], device=DEVICE)
-    fn = lambda x: (x / 2048, x / -0.25, x / 2.0 ** 127, x / 3.0, x.sum() / 4)
-    c = compile_triton(fn, x, triton_precise_div=True)
+                      0.1, 2049.0, -5.5, 1.0, 2.0, 3.0, 4.0], device=DEVICE)  # 16: means
+    h = x.to(torch.bfloat16)
+    fn = lambda x, h: (x / 2048, x / -0.25, x / 2.0 ** 127, x / 3.0, x.sum() / 4,
+                       h.mean(), h / 8)
+    c = compile_triton(fn, x, h, triton_precise_div=True)
     src = "".join(c.extra["triton"].split("def kernel")[1:])
     assert src.count("tl.div_rn") == 1, src  # x / 3.0 only
-    for o, r in zip(c.run([x]), fn(x)):
+    for o, r in zip(c.run([x, h]), fn(x, h)):
         assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()])
-        assert torch.equal(o.signbit(), r.signbit())
+        assert torch.equal(o.signbit()[~r.isnan()], r.signbit()[~r.isnan()])  # signed zeros
 
 
 @pytest.mark.gpu
@@ -87,3 +89,15 @@ def test_division_natively_on_gpu():
     test_quotient_rounded_or_compared_is_ieee()
     test_mean_divides_exactly_so_ties_with_it_hold()
     test_division_by_a_power_of_two_is_a_multiply()
+
+
+def test_bfloat16_subnormals_load_and_round_exactly():
+    """bfloat16 loads widen and results round by their bits under the interpreter (its own
+    casts read 1e-38 as 8.3e-39 and flush small results): CPU tests see what the GPU computes."""
+    h = torch.tensor([1e-38, 3e-39, 2e-39, 9e-41, -1e-38, 1.0, float("inf"), float("nan")],
+                     dtype=torch.bfloat16, device=DEVICE)
+    fn = lambda h: (h * 3, h / 3, h.float() * 0.5, (h.float() / 7).bfloat16())
+    c = compile_triton(fn, h)
+    for o, r in zip(c.run([h]), fn(h)):
+        assert torch.equal(o.isnan(), r.isnan()) and torch.equal(o[~o.isnan()], r[~r.isnan()]), \
+            (o, r)
