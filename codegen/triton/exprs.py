@@ -73,11 +73,9 @@ def exact_reciprocal(c) -> Optional[float]:
     x * (1/c) are the same correctly rounded value for every x), else None."""
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c == 0:
         return None
-    m, _ = math.frexp(abs(c))
-    r = 1.0 / c
-    if m != 0.5 or r == 0 or float(torch.tensor(r, dtype=torch.float32)) != r:
-        return None
-    return r
+    m, e = math.frexp(abs(c))  # c = m * 2**e: a power of two when m is 1/2, 1/c = 2**(1 - e)
+    # float32 holds 2**k exactly for -149 <= k <= 127 (subnormals included)
+    return 1.0 / c if m == 0.5 and -149 <= 1 - e <= 127 else None
 
 
 def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype], precise_div: bool = True) -> str:
