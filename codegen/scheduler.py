@@ -374,7 +374,7 @@ def schedule(g: LoweredGraph, scratch_bytes: int = 0, min_inner: int = 1,
             b.add_call(step)
         else:
             b.add_node(step)
-    order = _topo(b.deps)
+    order = _sink_input_readers(_topo(b.deps), b)
     items = [b.items[k] for k in order]
     outside = _outside_reads(b, g)
     for k in order:
@@ -526,6 +526,33 @@ def _topo(deps: list[set[int]]) -> list[int]:
             if missing[u] == 0:
                 heapq.heappush(ready, u)
     assert len(out) == len(deps), "trainc: fusion produced a dependency cycle"
+    return out
+
+
+def _sink_input_readers(order: list[int], b: _Builder) -> list[int]:
+    """A kernel that reads only graph inputs runs just before its first user, not first in the
+    program: the host issues the step's first large kernels sooner (the GPU idles until then),
+    and its outputs live shorter. Lowering puts one-element values of inputs first (an AdamW
+    step's bias corrections, `graph._realize_scalar`) so that the updates reading them may join
+    the gradients' kernels; their kernel (and the upload of the CPU step counts it reads) now
+    launches in the backward, while the GPU is busy. A kernel reading an input some result
+    may overwrite in place (a reuse hint) stays where it is: plan_storage would refuse the
+    hint once a reader follows the write."""
+    users: dict[int, int] = {}
+    for pos, k in enumerate(order):
+        for d in b.deps[k]:
+            users.setdefault(d, pos)
+    hinted = set(b.g.reuse.values())
+    sink = {k: users[k] for k in order
+            if not b.deps[k] and isinstance(b.items[k], Kernel) and k in users
+            and not (b.reads[k] & hinted)}
+    if not sink:
+        return order
+    out = []
+    for pos, k in enumerate(order):
+        out.extend(s for s, first in sink.items() if first == pos)
+        if k not in sink:
+            out.append(k)
     return out
 
 

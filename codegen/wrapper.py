@@ -316,11 +316,8 @@ class _Writer:
         g = self.g
         self.emit(f"{', '.join(g.inputs) + ',' if g.inputs else '_'} = args")
         self.emit("args.clear()")  # run(args) takes the inputs over: see free()
-        for name in g.inputs:
-            b = g.buffers[name]
-            self.emit(f"if {name}.stride() != {b.stride} and {name}.numel() > 1: "
-                      f"{name} = restride({name}, {b.stride})")
-        self._upload_host_scalars()
+        self.unchecked = list(g.inputs)
+        self.uploads = self._scalar_groups()
         if "cuda_empty" in self.ns:  # looked up once per call
             self.emit("empty = cuda_empty(DEVICE)")
         for name, t in g.consts.items():
@@ -329,26 +326,40 @@ class _Writer:
         if launches:  # Triton: the stream and launch hooks, looked up once per call
             self.emit("K.begin()")
         for k, item in enumerate(self.s.items):
+            self._prepare_inputs(set(self._reads(item)))
             if isinstance(item, Kernel):
                 self._kernel(item)
             else:
                 self._call(item)
             self.free(k, item)
+        self._prepare_inputs(set(g.inputs))  # inputs only returned
         if launches:  # (a call that raised leaves it set: the next call sets it again)
             self.emit("K.end()")
         outs = ", ".join(self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
 
-    def _upload_host_scalars(self) -> None:
+    def _scalar_groups(self) -> list[list[str]]:
         """CPU scalars of a CUDA graph (optimizer step counts and hyperparameters, the RNG
         seed) go to the device in one copy per dtype, not one per kernel launch that reads
         them."""
         groups: dict[torch.dtype, list[str]] = {}
         for name in self.host_scalars:
             groups.setdefault(self.g.buffers[name].dtype, []).append(name)
-        for names in groups.values():
-            self.emit(f"{', '.join(names)}, = upload_scalars(DEVICE, {', '.join(names)})")
+        return list(groups.values())
+
+    def _prepare_inputs(self, names: set[str]) -> None:
+        """Each input's layout check, and the upload of its group of CPU scalars, just before
+        the first item that reads it: the host reaches the step's first launches sooner (the
+        GPU waits for them), and the rest runs while kernels do."""
+        for name in [n for n in self.unchecked if n in names]:
+            b = self.g.buffers[name]
+            self.emit(f"if {name}.stride() != {b.stride} and {name}.numel() > 1: "
+                      f"{name} = restride({name}, {b.stride})")
+            self.unchecked.remove(name)
+        for group in [u for u in self.uploads if names.intersection(u)]:
+            self.emit(f"{', '.join(group)}, = upload_scalars(DEVICE, {', '.join(group)})")
+            self.uploads.remove(group)
 
     def peak_live(self, top: int = 12) -> list[tuple]:
         """The largest buffers live at the planned peak: (name, shape, dtype, bytes, graph

@@ -146,3 +146,15 @@ def test_small_node_never_joins_a_scatter_kernel():
     idx = torch.tensor([0, 3, 3, 15, 7])
     c = check(f, idx, torch.randn(5, 8), torch.randn(16, 8))
     assert len(c.kernels) == 2
+
+
+def test_kernel_reading_only_inputs_runs_just_before_its_first_user():
+    """A value of inputs only (here a column sum of v, first in the program) is computed right
+    before the kernel that reads it, after the matmul: the host reaches the first large
+    launches sooner and the value lives shorter."""
+    def f(x, w, v):
+        b = v.exp().sum(0)
+        return (x.relu() @ w).sigmoid() * b
+    c = check(f, torch.randn(256, 512), torch.randn(512, 256), torch.randn(512, 256), atol=1e-5)
+    names = [k.nodes for k in c.kernels]  # relu's kernel is named for the mm it feeds
+    assert names == [("mm",), ("sum_1",), ("output",)], names
