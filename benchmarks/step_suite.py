@@ -8,7 +8,8 @@ Modes: eager_foreach (AdamW foreach), eager_fused (AdamW fused=True), inductor (
 the model, of the loss, and of optimizer.step), inductor_loss (model and loss in one compiled
 function, optimizer.step compiled), trainc (trainc.compile_step, default options: on CUDA it
 replays a CUDA graph), trainc_cudagraphs / trainc_nographs / trainc_arena (the same with
-cudagraphs=True / False / triton_keep_buffers=True; not in the default modes), and on
+cudagraphs=True / False / triton_keep_buffers=True; trainc_saveall: partitioner="save_all", no
+recomputation; not in the default modes), and on
 --budget-models only:
 inductor_budget (the inductor arrangement under PyTorch's activation_memory_budget=--budget),
 trainc_budget (compile_step with memory_budget=--budget). Per row: median step ms, peak MiB above
@@ -46,9 +47,10 @@ import trainc  # noqa: E402
 from trainc.report import peak_bytes  # noqa: E402
 
 MODES = ("eager_foreach", "eager_fused", "inductor", "inductor_loss", "trainc",
-         "trainc_cudagraphs", "trainc_nographs", "trainc_arena", "inductor_budget",
-         "trainc_budget")
-VARIANTS = ("trainc_cudagraphs", "trainc_nographs", "trainc_arena")  # not in the default modes
+         "trainc_cudagraphs", "trainc_nographs", "trainc_arena", "trainc_saveall",
+         "inductor_budget", "trainc_budget")
+# not in the default modes
+VARIANTS = ("trainc_cudagraphs", "trainc_nographs", "trainc_arena", "trainc_saveall")
 COMPILED = ("inductor", "inductor_loss")  # the torch.compile arrangements trainc is held against
 TINY = {"mlp": dict(d=32, depth=2, batch=16),
         "gpt": dict(vocab=64, d=32, heads=2, layers=1, seq=16, batch=2),
@@ -64,7 +66,8 @@ def make_step(mode: str, model, loss, args):
         budget = args.budget if mode == "trainc_budget" else None
         extra = {"trainc_cudagraphs": {"cudagraphs": True},
                  "trainc_nographs": {"cudagraphs": False},
-                 "trainc_arena": {"triton_keep_buffers": True}}.get(mode, {})
+                 "trainc_arena": {"triton_keep_buffers": True},
+                 "trainc_saveall": {"partitioner": "save_all"}}.get(mode, {})
         return trainc.compile_step(model, lf, opt, backend=args.backend, memory_budget=budget,
                                    **extra)
     fused = mode == "eager_fused"

@@ -16,6 +16,7 @@ from trainc.partition import Partition, build_partition
 from trainc.partition import budget as B
 from trainc.partition import policy as P
 from trainc.partition.cost import CostModel
+from trainc.partition.mincut_choose import OBJECTIVES
 from trainc.partition.policy import DEFAULT_POLICY
 from trainc.partition.save_all import save_all_nodes
 from trainc.partition.split import tangent_dependent
@@ -50,10 +51,16 @@ def recompute_in_step(gm: fx.GraphModule, config: Config) -> tuple[fx.GraphModul
 
 
 def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set) -> Partition:
-    """The budget search of mincut_choose, over candidates from two cost models (the policy's,
-    and the step's, where backward-only values are free): each sweep alone finds few plans,
-    and the lowest peaks come from either. Every plan is scored under the step's costs."""
+    """Without a budget, the min-cut's default plan (mincut_choose.OBJECTIVES) under the step's
+    costs. With one, the budget search of mincut_choose, over candidates from two cost models
+    (the policy's, and the step's, where backward-only values are free): each sweep alone finds
+    few plans, and the lowest peaks come from either. Every plan is scored under the step's
+    costs."""
     policy = config.policy or DEFAULT_POLICY
+    if config.memory_budget is None:  # the default plan: no sweep over budgets
+        costs = _step_costs(joint.gm, policy, fwd_outs, backward)
+        saved = OBJECTIVES[config.partition_objective or "bytes"](joint, costs)
+        return build_partition(joint, costs, saved, "default", None)
     cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph and policy, any budget
     if policy not in cache:
         step_costs = _step_costs(joint.gm, policy, fwd_outs, backward)

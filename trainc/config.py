@@ -19,7 +19,8 @@ class Config:
     # activation bytes; int: bytes.
     memory_budget: Optional[Union[float, int]] = None
     # "mincut": min-cut on the bytes/FLOPs cost model (partition/); "save_all" keeps every
-    # value the backward reads (the reference partition).
+    # value the backward reads (the reference partition). compile_step: the same choice inside
+    # its one graph (recomputed copies placed before their first backward use).
     partitioner: str = "mincut"
     # Save policy (trainc.partition.policy.SavePolicy): which ops may be recomputed; None: default.
     policy: Optional[Any] = None
