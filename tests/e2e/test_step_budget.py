@@ -191,3 +191,18 @@ def test_accumulation_with_budget_matches_eager():
 
 def _ce(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def test_default_step_recomputes_in_one_backward_region(monkeypatch):
+    """Without a budget compile_step applies the min-cut's default plan, and its backward stays
+    one region (stretches split it only under a budget), so recomputed copies and backward
+    nodes fuse as freely as without recomputation."""
+    model, inputs, loss_fn = _gpt()
+    seen = _spy(monkeypatch)
+    m = copy.deepcopy(model)
+    trainc.compile_step(m, loss_fn, torch.optim.AdamW(m.parameters(), lr=1e-3),
+                        backend="aten")(*inputs)
+    (traced, gm, part), = seen
+    assert any(d.action == "recomputed" for d in part.decisions)
+    regions = {n.meta.get(REGION) for n in gm.graph.nodes if n.op == "call_function"}
+    assert regions == {FORWARD, BACKWARD}, regions
