@@ -543,15 +543,16 @@ def _sink_input_readers(order: list[int], b: _Builder) -> list[int]:
         for d in b.deps[k]:
             users.setdefault(d, pos)
     hinted = set(b.g.reuse.values())
-    sink = {k: users[k] for k in order
-            if not b.deps[k] and isinstance(b.items[k], Kernel) and k in users
-            and not (b.reads[k] & hinted)}
-    if not sink:
-        return order
+    before: dict[int, list[int]] = {}  # position of a first user -> kernels moved there
+    for k in order:
+        if not b.deps[k] and isinstance(b.items[k], Kernel) and k in users \
+                and not (b.reads[k] & hinted):
+            before.setdefault(users[k], []).append(k)
+    moved = {k for ks in before.values() for k in ks}
     out = []
     for pos, k in enumerate(order):
-        out.extend(s for s, first in sink.items() if first == pos)
-        if k not in sink:
+        out.extend(before.get(pos, ()))
+        if k not in moved:
             out.append(k)
     return out
 

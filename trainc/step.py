@@ -156,15 +156,15 @@ class CompiledStep:
                        gid: int) -> _Compiled:
         # Recompute inside the step: under a memory budget, or by default the min-cut's plan
         # without one (as trainc.compile's partition; partitioner="save_all" keeps every value)
-        budget = self.config.memory_budget is not None or self.config.partitioner == "mincut"
-        gm, mutated, has_rng = self._trace(layout, flat, accumulate, budget)
-        sig = self._signature(layout, flat, mutated, has_rng, gm, budget)
+        recompute = self.config.memory_budget is not None or self.config.partitioner == "mincut"
+        gm, mutated, has_rng = self._trace(layout, flat, accumulate, recompute)
+        sig = self._signature(layout, flat, mutated, has_rng, gm, recompute)
         dump = debug.Dumper(self.config, gid)
         dump.graph("00_step.py", gm, "whole training step after functionalization")
         gm = run_passes(gm, JOINT_PASSES, dump=dump)
         part = None
-        if budget:  # after CSE, which would merge the recomputed copies back
-            gm, part = recompute_in_step(gm, self._partition_config())
+        if recompute:  # after CSE, which would merge the recomputed copies back
+            gm, part = recompute_in_step(gm, self.config)
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = run_passes(mark_mutable_inputs(gm, sig), POST_GRAD_PASSES)
@@ -178,16 +178,8 @@ class CompiledStep:
                                        gm, None, compiled, None, backend.name,
                                        time.perf_counter() - t0)
         records.publish(dataclasses.replace(rec, mode="step"), self.config)
-        tangent = torch.ones((), device=_device(flat)) if budget else None
+        tangent = torch.ones((), device=_device(flat)) if recompute else None
         return _Compiled(layout, compiled, sig, accumulate, tangent)
-
-    def _partition_config(self) -> Config:
-        """The step's partition minimizes saved bytes unless told otherwise: "balanced" (the
-        cpp default of trainc.compile without convolutions) planned a larger peak than saving
-        everything on mlp (cpp, 8 blocks: 91 MiB vs 85; bytes 50)."""
-        if self.config.partition_objective is not None:
-            return self.config
-        return dataclasses.replace(self.config, partition_objective="bytes")
 
     def _graph_config(self, flat: list) -> Config:
         """Config.cudagraphs None: replay the step as a CUDA graph on CUDA with the triton
