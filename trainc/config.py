@@ -106,8 +106,11 @@ class Config:
     # pooling around them follow. None: on for cpp (oneDNN is faster there); on triton, on for
     # convolutions in bfloat16/float16 (cuDNN runs them in NHWC and, given NCHW, converts around
     # each one: session 6, H200 convnet bf16, peak 991 MiB NCHW vs 735 channels-last) and off
-    # for float32: cuDNN's NHWC algorithms give a float32 batch-norm gradient 2.2x eager NCHW's
-    # error (eager channels-last: the same), which DESIGN.md's 2x rule against eager rejects.
+    # for float32: cuDNN's NHWC algorithms give float32 batch-norm gradients up to 2.3x eager
+    # NCHW's error with TF32 off (eager channels-last: 2.5x), and with TF32 on a 3-channel first
+    # convolution's weight gradient 170x (TF32 on NHWC, exact float32 on NCHW); DESIGN.md's 2x
+    # rule against eager rejects both (session 14). Channels-last float32 on the H200 convnet:
+    # 7.95 vs 8.80 ms, peak 1032 vs 1544 MiB (BENCHMARKS.md session 14, calls 5-6).
     conv_channels_last: Optional[bool] = None
 
 
