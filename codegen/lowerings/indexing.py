@@ -194,17 +194,25 @@ def max_pool2d_backward(ctx, node, g, x, kernel, stride, padding, dilation, ceil
     (kh, kw), (sh, sw) = args
     out = node.meta["val"]
     OH, OW = g.shape[-2:]
-    W = x.shape[-1]
+    H, W = x.shape[-2:]
     dt = opmath(out.dtype)
+
+    def window(q, s, n_out, n_in):
+        """The window holding input position q, and whether one does: rows and columns past
+        the last whole window get no gradient. When the windows tile the input exactly
+        (n_out * s == n_in) every position is inside one and no clamp is needed."""
+        if n_out * s == n_in:
+            return ir.FloorDiv(q, s), None
+        return (sympy.Min(ir.FloorDiv(q, s), n_out - 1),
+                ir.op("lt", torch.bool, IndexValue(q), Const(n_out * s, I64)))
 
     def fn(i):
         *lead, h, w = i
-        oh, ow = sympy.Min(ir.FloorDiv(h, sh), OH - 1), sympy.Min(ir.FloorDiv(w, sw), OW - 1)
+        (oh, in_h), (ow, in_w) = window(h, sh, OH, H), window(w, sw, OW, W)
         hit = ir.op("eq", torch.bool, cast(indices(list(lead) + [oh, ow]), I64),
                     IndexValue(h * W + w))
-        inside = ir.op("and", torch.bool,
-                       ir.op("lt", torch.bool, IndexValue(h), Const(OH * sh, I64)),
-                       ir.op("lt", torch.bool, IndexValue(w), Const(OW * sw, I64)))
-        return ir.op("where", dt, ir.op("and", torch.bool, hit, inside),
-                     cast(g(list(lead) + [oh, ow]), dt), const(0, dt))
+        for inside in (in_h, in_w):
+            if inside is not None:
+                hit = ir.op("and", torch.bool, hit, inside)
+        return ir.op("where", dt, hit, cast(g(list(lead) + [oh, ow]), dt), const(0, dt))
     return TensorValue(tuple(out.shape), out.dtype, fn)
