@@ -113,6 +113,14 @@ def explain(model_or_fn: Callable, *args: Any, **compile_options: Any) -> Explan
     finally:
         torch.set_rng_state(rng_state)
         _restore(model_or_fn, state)
+    if not recs:
+        raise RuntimeError(
+            "trainc.explain: nothing was compiled, so there is nothing to report. Either "
+            f"{getattr(model_or_fn, '__name__', type(model_or_fn).__name__)} ran no tensor "
+            "operations, or Dynamo ran it eagerly: it stops compiling a function (or a module "
+            "class's forward) after torch._dynamo.config.recompile_limit "
+            f"({torch._dynamo.config.recompile_limit}) compilations with different options or "
+            "instances in one process; call torch._dynamo.reset() before explaining again.")
     return Explanation(tuple(recs))
 
 

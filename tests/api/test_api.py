@@ -59,6 +59,20 @@ def test_explain_restores_buffers_and_rng():
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_explain_that_compiles_nothing_is_a_clear_error():
+    # Dynamo compiles one code object at most recompile_limit times; the explain after that
+    # ran eagerly and used to return an empty report.
+    torch._dynamo.reset()
+    x = torch.randn(5, 8)
+    limit = torch._dynamo.config.recompile_limit
+    for k in range(limit):
+        trainc.explain(_mlp(), x, backend="aten", partition_objective=("bytes", "balanced")[k % 2])
+    with pytest.raises(RuntimeError, match="nothing was compiled.*torch._dynamo.reset"):
+        trainc.explain(_mlp(), x, backend="aten")
+    torch._dynamo.reset()
+    assert trainc.explain(_mlp(), x, backend="aten").graphs
+
+
 def test_torch_compile_backend_name_with_options():
     torch._dynamo.reset()
     m = _mlp()

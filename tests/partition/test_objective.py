@@ -21,6 +21,7 @@ def _conv():
 
 
 def _saved(model, x, **options) -> tuple:
+    torch._dynamo.reset()  # each call compiles the same forward code again with other options
     graphs = trainc.explain(model, x, cache_artifacts=False, **options).graphs
     return tuple(d.name for g in graphs for d in g.decisions if d.action == "saved")
 
