@@ -1,6 +1,6 @@
 """Random module stacks (trainc.testing) trained by compile_step at memory budgets 0.0 and 0.5
-(aten and cpp backends): losses, parameters and buffers after two SGD-momentum steps match eager
-under the fp64 policy."""
+and without one (the min-cut's default plan inside the step; aten, cpp and triton backends):
+losses, parameters and buffers after two SGD-momentum steps match eager under the fp64 policy."""
 import copy
 
 import pytest
@@ -33,7 +33,8 @@ def _train(model, x, compiled, budget=None, backend="aten"):
 
 # The cpp backend compiles C++ per example: fewer examples keep the default run short.
 @pytest.mark.parametrize("backend,budget,examples", [("aten", 0.0, 6), ("aten", 0.5, 6),
-                                                      ("cpp", 0.0, 3)])
+                                                      ("cpp", 0.0, 3), ("aten", None, 6),
+                                                      ("cpp", None, 3), ("triton", None, 2)])
 def test_module_stacks_step_at_budgets(backend, budget, examples):
     @settings(max_examples=examples)
     @given(stack=module_stacks())
