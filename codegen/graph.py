@@ -95,6 +95,8 @@ class CallNode:
     # The in-place / out= op this functional call replaces and the written argument (position
     # or kwarg name): the wrapper runs it instead when the storage plan allows.
     inplace: Optional[tuple[Any, Any]] = None
+    # Buffers made by calls this one must follow (an order, not a read: nothing keeps them).
+    after: tuple[str, ...] = ()
 
 
 @dataclass
@@ -239,8 +241,10 @@ class GraphLowering:
         whole = b.shape == v.shape and b.stride == v.view.stride and v.view.offset == 0
         return TensorArg(v.view.buf, v.shape, v.view.stride, v.view.offset, whole)
 
-    def call(self, kind: str, target, args: tuple, kwargs: dict, result) -> Any:
-        """An ATen call in the wrapper; `result` is the FakeTensor (or tuple) it returns."""
+    def call(self, kind: str, target, args: tuple, kwargs: dict, result,
+             after: tuple[str, ...] = ()) -> Any:
+        """An ATen call in the wrapper; `result` is the FakeTensor (or tuple) it returns;
+        `after`: buffers of calls it must follow."""
         conv = lambda a: self.tensor_arg(a) if isinstance(a, TensorValue) else a
         args = _map(conv, args)
         kwargs = {k: _map(conv, v) for k, v in kwargs.items()}
@@ -256,7 +260,7 @@ class GraphLowering:
                 names.append(None)
                 values.append(r)
         self.g.steps.append(CallNode(kind, target, args, kwargs, tuple(names),
-                                     self.node.name if self.node else ""))
+                                     self.node.name if self.node else "", after=after))
         return type(result)(values) if isinstance(result, (list, tuple)) else values[0]
 
     def _result_for_layouts(self, target, args, kwargs, traced):
@@ -295,6 +299,26 @@ class GraphLowering:
                     args[k].dtype.is_floating_point:
                 args[k] = self.to_channels_last(args[k])
         return tuple(args)
+
+    def _conv_backward_in_two(self, args: tuple, kwargs: dict, traced) -> tuple:
+        """grad_weight (and grad_bias) first, then grad_input as the transposed convolution
+        of grad_output (the data gradient: cuDNN and oneDNN run the same backward-data kernels
+        for it), which does not read the input: where nothing later reads the input, it is
+        freed before grad_input exists."""
+        op = aten.convolution_backward.default
+        g, x, w = (self.tensor_arg(v) for v in args[:3])  # realized once, for both calls
+        _, stride, padding, dilation, _, _, groups, mask = args[3:]
+        _, gw, gb = self.call("extern", op, (g, x, w, *args[3:-1], [False, True, mask[2]]),
+                              kwargs, (None, traced[1], traced[2]))
+        # grad_input after grad_weight, whatever the fusion: otherwise the kernel making the
+        # input may take later nodes that need grad_input, and the input outlives it again
+        first = tuple(b for b in self.g.steps[-1].outputs if b is not None)
+        extra = [n_in - ((n_out - 1) * s - 2 * p + d * (k - 1) + 1) for n_in, n_out, k, s, p, d
+                 in zip(x.shape[2:], g.shape[2:], w.shape[2:], stride, padding, dilation)]
+        gi = self.call("extern", aten.convolution.default,
+                       (g, w, None, stride, padding, dilation, True, extra, groups), {},
+                       traced[0], after=first)
+        return (gi, gw, gb)
 
     def _origin(self) -> tuple[str, ...]:
         return (self.node.name,) if self.node is not None else ()
@@ -403,6 +427,8 @@ class GraphLowering:
         if isinstance(target, torch._ops.OpOverload) and is_extern(target):
             if self.channels_last and target in CONVOLUTIONS:
                 args = self._conv_args(target, args)
+            if target is aten.convolution_backward.default and _split_backward(args):
+                return self._conv_backward_in_two(args, kwargs, node.meta.get("val"))
             return self.call("extern", target, args, kwargs, node.meta.get("val"))
         fn = lowerings.get(target)
         if fn is not None:
@@ -503,6 +529,24 @@ def _crosses(node: fx.Node) -> bool:
 _getitem = __import__("operator").getitem
 aten = torch.ops.aten
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+# A convolution backward computing both gradients is split in two calls when its input is at
+# least this large: where the input is not read later, it is freed before grad_input exists.
+# (H200 convnet float32: the backward's peak held a 256 MiB recomputed input, the new 256 MiB
+# grad_input and cuDNN's workspace at once.) Smaller ones stay one call (one launch less); a
+# large input read later costs the extra call and saves nothing.
+SPLIT_CONV_BACKWARD_BYTES = 64 << 20
+
+
+def _split_backward(args: tuple) -> bool:
+    g, x, w, _, stride, padding, dilation, transposed, _, _, mask = args
+    if transposed or not all(isinstance(v, TensorValue) for v in (g, x, w)):
+        return False
+    if not (isinstance(mask, (list, tuple)) and mask[0] and mask[1]):
+        return False
+    if not all(isinstance(v, (list, tuple)) and len(v) == len(x.shape) - 2
+               for v in (stride, padding, dilation)):
+        return False
+    return math.prod(x.shape) * x.dtype.itemsize >= SPLIT_CONV_BACKWARD_BYTES
 
 
 def _channels_last(shape) -> tuple[int, ...]:

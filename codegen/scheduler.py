@@ -120,7 +120,8 @@ class _Builder:
     def add_call(self, c: CallNode) -> None:
         self.step += 1
         bufs = set(_call_buffers(c))
-        self._new_item(c, bufs, c.outputs)
+        k = self._new_item(c, bufs, c.outputs)
+        self.deps[k] |= {self.producer[b] for b in c.after if b in self.producer}
 
     def _new_item(self, item: Item, bufs: set[str], outs) -> int:
         k = len(self.items)
