@@ -26,6 +26,12 @@ OPEN = {  # file: what is wrong, as far as diagnosed
     "batch of 4, three Linears: the input's and the conv weight's gradients have 5x eager's "
     "error (0.049 vs 0.0097). The aten backend fails identically, so it is not codegen or the "
     "scheduler: the decomposed bf16 BatchNorm1d backward over 4 samples, not diagnosed further",
+    "modules_cpp_0_5_20261421": "(session 14 local nightly of module stacks with every "
+    "convolution backward split) bf16 Conv2d(3,4) and a residual Conv2d(4,4), Dropout(0.5), "
+    "SiLU, BatchNorm2d(4) over 3x5x5, a residual Conv2d: m1.weight's gradient has 3.6x eager's "
+    "error (0.058 vs 0.016). The same without the split, at every budget, and on the aten "
+    "backend: the traced graph, not codegen; a lone bf16 BatchNorm2d of that shape matches "
+    "eager exactly. Not diagnosed further",
 }
 FIXED = {
     "modules_aten_0_5_20261713": "(local nightly, session 3) bf16 Conv-BN-Conv-BN on a batch "
