@@ -538,6 +538,8 @@ SPLIT_CONV_BACKWARD_BYTES = 64 << 20
 
 
 def _split_backward(args: tuple) -> bool:
+    if len(args) != 11:  # all positional, as traced
+        return False
     g, x, w, _, stride, padding, dilation, transposed, _, _, mask = args
     if transposed or not all(isinstance(v, TensorValue) for v in (g, x, w)):
         return False
