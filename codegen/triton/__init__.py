@@ -65,7 +65,7 @@ class TritonBackend:
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph, self.config.triton_precise_div) for k in kernels]
         module_src = PRELUDE + _module_body(sources)
-        funcs, path, precompiled = _Kernels(), "", 0
+        funcs, path, pending = _Kernels(), "", None
         if kernels:
             mod, path = load_module(module_src, self.config)
             for s, k in zip(sources, kernels):
@@ -74,8 +74,8 @@ class TritonBackend:
                 launcher.dtypes = tuple(sched.graph.buffers[b].dtype for b in s.params)
                 setattr(funcs, s.name, launcher)
             if device.type == "cuda" and not interpret:
-                precompiled = precompile(list(vars(funcs).values()),
-                                         self.config.triton_compile_workers)
+                pending = precompile(list(vars(funcs).values()),
+                                     self.config.triton_compile_workers)
         host = [b for b in sched.graph.inputs if b in foreign and device.type == "cuda"
                 and math.prod(sched.graph.buffers[b].shape) == 1]
         keep = self.config.triton_keep_buffers and self.config.memory_budget is None
@@ -85,10 +85,13 @@ class TritonBackend:
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "
                   f"r'''\n{module_src}'''\n")
-        return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
+        run = wrapper.build(funcs)
+        return CompiledGraph(_FirstRun(run, pending) if pending and pending.submitted else run,
+                             tuple(k.info for k in kernels),
                              tuple(fallbacks), source,
                              {"triton": module_src, "module": path, "device": str(device),
-                              "seconds": time.perf_counter() - t0, "precompiled": precompiled,
+                              "seconds": time.perf_counter() - t0,
+                              "precompiled": pending.submitted if pending else 0,
                               **wrapper.stats})
 
 
@@ -106,6 +109,22 @@ def _module_body(sources: list) -> str:
         defs = re.findall(rf"^def ({s.name}\w*)\(", s.source, flags=re.M)
         parts.append("".join(f"\n{d} = {first}{d[len(s.name):]}" for d in defs) + "\n")
     return "".join(parts)
+
+
+class _FirstRun:
+    """A wrapper's run that first finishes its kernels' precompile (launch.Precompile): the
+    workers compile while later graphs are generated; the first launch must not compile
+    again what they are still compiling."""
+    __slots__ = ("run", "pending")
+
+    def __init__(self, run, pending):
+        self.run, self.pending = run, pending
+
+    def __call__(self, args: list) -> list:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.finish()
+        return self.run(args)
 
 
 class _Kernels:

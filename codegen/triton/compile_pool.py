@@ -3,11 +3,12 @@ of Triton's compiler is Python and holds the GIL, so threads compile little fast
 (H200 host, gpt bf16 step, 218 compiles: 36 s in 8 threads, 24 s in 16 processes); the
 in-process compiles that follow find every kernel on disk.
 
-Workers run `python -m trainc.codegen.triton.compile_pool`, not multiprocessing: a spawned
-multiprocessing worker imports the user's main script again.
+Workers run the script compile_worker.py, not multiprocessing (a spawned multiprocessing worker
+imports the user's main script again) and not this package (its imports cost seconds).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -15,7 +16,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
+from concurrent import futures
+from concurrent.futures import Future
 from typing import Iterator, Optional
 
 import torch
@@ -36,47 +38,77 @@ def job_spec(job) -> Optional[tuple]:
 
 
 class Workers:
-    """Worker processes that read job specs (JSON lines) on stdin and answer "ok" or "failed"
-    per job on stdout. Started before tracing (`workers`), they import torch and Triton while
-    the lead traces; one set serves a graph's forward and backward."""
+    """Worker processes (compile_worker.py) that read job specs (JSON lines) on stdin and answer
+    "ok" or "failed" per job, in order, on stdout. Started before tracing (`workers`), they
+    import torch and Triton while the lead traces; one set serves a graph's forward and
+    backward. `submit` returns at once (a thread per worker reads its answers), so the lead
+    generates the next graph while the workers compile the last one's kernels."""
 
     def __init__(self, n: int):
         _exiting[:] = [p for p in _exiting if p.poll() is None]
-        self.procs = []
+        self.procs, self._next = [], 0
         for _ in range(n):
             try:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "trainc.codegen.triton.compile_pool"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                    text=True))
+                    [sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, text=True))
             except OSError:  # no more processes: fewer workers (none: all in process)
                 break
+        self._waiting = [collections.deque() for _ in self.procs]  # futures in answer order
+        self._locks = [threading.Lock() for _ in self.procs]
+        self._ended = [False] * len(self.procs)  # its reader saw end of output
+        for k in range(len(self.procs)):
+            threading.Thread(target=self._read, args=(k,), daemon=True).start()
+
+    def submit(self, specs: list[tuple]) -> list[tuple[int, Future]]:
+        """Queue `specs` round robin (continuing where the last batch stopped); per spec, its
+        worker's index and a future that becomes True when that worker compiled it."""
+        out = []
+        for spec in specs:
+            k, fut = self._next % max(len(self.procs), 1), Future()
+            self._next += 1
+            out.append((k, fut))
+            if not self.procs:
+                fut.set_result(False)
+                continue
+            with self._locks[k]:
+                if self._ended[k]:
+                    fut.set_result(False)
+                    continue
+                self._waiting[k].append(fut)
+                try:
+                    self.procs[k].stdin.write(json.dumps(spec) + "\n")
+                    self.procs[k].stdin.flush()
+                except (OSError, ValueError):  # the worker died: its reader fails its jobs
+                    self.procs[k].kill()
+        return out
+
+    def _read(self, k: int) -> None:
+        p = self.procs[k]
+        try:
+            for line in p.stdout:
+                with self._locks[k]:
+                    fut = self._waiting[k].popleft() if self._waiting[k] else None
+                if fut is not None:
+                    fut.set_result(line == "ok\n")
+        except (OSError, ValueError):
+            pass
+        with self._locks[k]:  # end of output: whatever it still owed failed
+            self._ended[k] = True
+            while self._waiting[k]:
+                self._waiting[k].popleft().set_result(False)
+
+    def wait(self, jobs: list[tuple[int, Future]], timeout: float = 600.0) -> int:
+        """How many of `jobs` (from submit) compiled; a worker past `timeout` is killed (its
+        kernels compile in process)."""
+        futures.wait([f for _, f in jobs], timeout)
+        for k in {k for k, f in jobs if not f.done()}:
+            self.procs[k].kill()
+        return sum(f.done() and f.result() for _, f in jobs)
 
     def compile(self, specs: list[tuple], timeout: float = 600.0) -> int:
-        """Compile `specs` round robin; how many compiled. A worker that dies or runs past
-        `timeout` is dropped (its kernels compile in process)."""
-        procs = [p for p in self.procs if p.poll() is None]
-        done = [0] * len(procs)
-
-        def serve(k: int) -> None:
-            p, jobs = procs[k], specs[k::len(procs)]
-            try:
-                p.stdin.write("".join(json.dumps(j) + "\n" for j in jobs))
-                p.stdin.flush()
-                done[k] = sum(p.stdout.readline() == "ok\n" for _ in jobs)
-            except (OSError, ValueError):
-                p.kill()
-
-        threads = [threading.Thread(target=serve, args=(k,), daemon=True)
-                   for k in range(min(len(procs), len(specs)))]
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.start()
-        for k, t in enumerate(threads):
-            t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                procs[k].kill()
-        return sum(done)
+        """Compile `specs`; how many compiled."""
+        return self.wait(self.submit(specs), timeout)
 
     def close(self) -> None:
         """End each worker's input (it exits); not waited for: reaped by the next set."""
@@ -88,6 +120,7 @@ class Workers:
         _exiting.extend(self.procs)
 
 
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 _exiting: list = []  # closed workers still shutting down
 _active: Optional[Workers] = None  # the workers of the graph being compiled
 
@@ -107,49 +140,37 @@ def workers(n: int) -> Iterator[None]:
         _active = None
 
 
-def warm_disk_cache(specs: list[tuple], workers: int, timeout: float = 600.0) -> int:
-    """Compile `specs` (job_spec tuples) in the active workers, or else in up to `workers`
-    new processes; returns how many compiled. Best effort: a failed or missing worker leaves
-    its kernels to the in-process compile."""
-    if len(specs) <= 1:
-        return 0
-    if _active is not None:
-        return _active.compile(specs, timeout)
-    if workers <= 1:
-        return 0
-    pool = Workers(min(workers, len(specs)))
-    try:
-        return pool.compile(specs, timeout)
-    finally:
-        pool.close()
+class Batch:
+    """Compiles queued in worker processes; `wait()` says how many succeeded."""
 
+    def __init__(self, pool: Optional[Workers], jobs: list, owned: bool):
+        self.pool, self.jobs, self.owned = pool, jobs, owned
 
-def _compile(spec: list, modules: dict) -> None:
-    import importlib.util
-    path, name, dtypes, meta = spec
-    if path not in modules:
-        s = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-        modules[path] = importlib.util.module_from_spec(s)
-        s.loader.exec_module(modules[path])
-    kernel = getattr(modules[path], name).warmup(*(getattr(torch, d) for d in dtypes),
-                                                 grid=(1,), **meta)
-    try:  # also its C launcher (cached on disk per signature, ~0.4 s of gcc each); not
-        # _init_handles, which would load the module: a CUDA context per worker
-        from triton.runtime import driver
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception:  # noqa: BLE001 (optional: the first launch builds what is missing)
-        pass
-
-
-def main() -> None:
-    modules: dict = {}
-    for line in sys.stdin:  # one job per line until the lead closes the pipe
+    def wait(self, timeout: float = 600.0) -> int:
+        if self.pool is None:
+            return 0
         try:
-            _compile(json.loads(line), modules)
-            print("ok", flush=True)
-        except Exception as e:  # noqa: BLE001 (the in-process compile reports real errors)
-            print("failed", type(e).__name__, flush=True)
+            return self.pool.wait(self.jobs, timeout)
+        finally:
+            if self.owned:
+                self.pool.close()
+            self.pool = None
 
 
-if __name__ == "__main__":
-    main()
+def start_warm(specs: list[tuple], workers: int) -> Batch:
+    """Queue `specs` (job_spec tuples) in the active workers, or else in up to `workers` new
+    processes (closed after the batch). Best effort: a failed or missing worker leaves its
+    kernels to the in-process compile."""
+    if len(specs) <= 1:
+        return Batch(None, [], False)
+    if _active is not None:
+        return Batch(_active, _active.submit(specs), False)
+    if workers <= 1:
+        return Batch(None, [], False)
+    pool = Workers(min(workers, len(specs)))
+    return Batch(pool, pool.submit(specs), True)
+
+
+def warm_disk_cache(specs: list[tuple], workers: int, timeout: float = 600.0) -> int:
+    """start_warm, waited for: how many of `specs` compiled."""
+    return start_warm(specs, workers).wait(timeout)

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from trainc.codegen.triton.compile_pool import job_spec, warm_disk_cache
+from trainc.codegen.triton.compile_pool import Batch, job_spec, start_warm
 from trainc.codegen.triton.printer import KernelSource, next_pow2
 from trainc.config import Config
 
@@ -306,13 +306,49 @@ class Launcher:
 JOBS_PER_PROCESS = 4
 
 
-def precompile(launchers: list, workers: int) -> int:
-    """Compile every kernel's launch configs concurrently before the first launch (first-call
-    latency: a graph has tens of kernels, each compiled serially at its first launch): in
-    worker processes into Triton's disk cache (compile_pool.py), then in threads (Triton's
-    AsyncCompileMode when present), which load them from there and compile what a worker did
-    not. Failures are ignored: that kernel compiles at its first launch, as without this.
-    Returns the compiles submitted."""
+class Precompile:
+    """The compiles `precompile` started for a graph's kernels. `finish()`, called before the
+    graph's first launch, waits for the workers' share, then compiles in threads (Triton's
+    AsyncCompileMode when present): those load the workers' kernels from the disk cache and
+    compile what a worker did not. Failures are ignored: that kernel compiles at its first
+    launch, as without this."""
+
+    def __init__(self, jobs: list, batch: Optional[Batch], threads: int):
+        self.jobs, self.batch, self.threads = jobs, batch, threads
+        self.submitted = len(jobs)
+
+    def finish(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        if self.batch is not None:
+            self.batch.wait()
+            self.batch = None
+        if not jobs:
+            return
+        try:
+            from triton.runtime._async_compile import AsyncCompileMode
+            # older versions leave a failed compile's placeholder in the JIT cache: threads
+            if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
+                AsyncCompileMode = None
+        except ImportError:
+            AsyncCompileMode = None
+        from concurrent.futures import ThreadPoolExecutor
+        try:
+            with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
+                if AsyncCompileMode is not None:
+                    with AsyncCompileMode(pool, ignore_errors=True):
+                        for job in jobs:
+                            job()
+                else:
+                    list(pool.map(_quiet, jobs))
+        except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
+            pass
+
+
+def precompile(launchers: list, workers: int) -> Precompile:
+    """Start compiling every kernel's launch configs concurrently (first-call latency: a graph
+    has tens of kernels, each compiled serially at its first launch): in worker processes
+    into Triton's disk cache (compile_pool.py), then, at `finish()`, in threads. Returns at
+    once when workers are running, so the next graph is generated meanwhile."""
     jobs, seen = [], set()
     for launcher in launchers:  # kernels that alias one function (equal layers) compile once
         for j in launcher.warmups():
@@ -321,31 +357,13 @@ def precompile(launchers: list, workers: int) -> int:
                 seen.add(key)
                 jobs.append(j)
     if workers <= 1 or len(jobs) <= 1:
-        return 0
+        return Precompile([], None, 0)
     specs = [s for s in map(job_spec, jobs) if s is not None]
     # a worker process starts in seconds (it imports torch): worth it from a few jobs each;
     # the workers started for this graph (compile_pool.workers) take them all
-    if len(specs) >= 2 * JOBS_PER_PROCESS:
-        warm_disk_cache(specs, min(workers, os.cpu_count() or 1, len(specs) // JOBS_PER_PROCESS))
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode
-        # older versions leave a failed compile's placeholder in the JIT cache: plain threads
-        if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
-            AsyncCompileMode = None
-    except ImportError:
-        AsyncCompileMode = None
-    from concurrent.futures import ThreadPoolExecutor
-    try:
-        with ThreadPoolExecutor(min(workers, len(jobs))) as pool:
-            if AsyncCompileMode is not None:
-                with AsyncCompileMode(pool, ignore_errors=True):
-                    for job in jobs:
-                        job()
-            else:
-                list(pool.map(_quiet, jobs))
-    except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
-        return 0
-    return len(jobs)
+    batch = start_warm(specs, min(workers, os.cpu_count() or 1, len(specs) // JOBS_PER_PROCESS)) \
+        if len(specs) >= 2 * JOBS_PER_PROCESS else None
+    return Precompile(jobs, batch, workers)
 
 
 def _job_key(job) -> tuple:

@@ -65,3 +65,38 @@ def test_workers_that_cannot_start_leave_compiles_in_process(monkeypatch):
         assert compile_pool._active.procs == []
         assert warm_disk_cache(specs, 2) == 0
     assert warm_disk_cache(specs, 2) == 0
+
+
+def test_worker_script_imports_torch_and_triton_but_not_trainc():
+    """Workers start as a script: importing the trainc package cost ~4 s per worker (H200 host)
+    before its first compile; modules of the script's own folder must not shadow others."""
+    import subprocess
+    import sys
+    from trainc.codegen.triton.compile_pool import WORKER
+    out = subprocess.run([sys.executable, "-X", "importtime", WORKER], input="",
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mods = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
+            if line.startswith("import time:")}
+    assert {"torch", "triton"} <= mods
+    assert not {m.split(".")[0] for m in mods} & {"trainc", "launch", "printer", "exprs", "split"}
+
+
+def test_submit_returns_before_answers_and_a_dead_worker_fails_its_jobs():
+    """Workers.submit queues and returns (the lead goes on generating code); jobs queued on a
+    worker that died resolve as failed at once, not at the timeout."""
+    import time
+    from trainc.codegen.triton.compile_pool import Workers
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 4
+    pool = Workers(2)
+    try:
+        pool.procs[0].kill()
+        pool.procs[0].wait()
+        t0 = time.monotonic()
+        jobs = pool.submit(specs)
+        assert [k for k, _ in jobs] == [0, 1, 0, 1]
+        assert pool.wait(jobs, timeout=200) == 0
+        assert time.monotonic() - t0 < 100
+        assert all(f.done() and f.result() is False for _, f in jobs)
+    finally:
+        pool.close()

@@ -50,10 +50,14 @@ def test_precompile_runs_every_job_and_survives_failures():
                     raise RuntimeError("does not compile")
                 done.append((self.n, i))
             return [lambda i=i: job(i) for i in range(2)]
-    assert precompile([Fake(0), Fake(1)], workers=4) == 4
+    pending = precompile([Fake(0), Fake(1)], workers=4)
+    assert pending.submitted == 4 and done == []  # started; compiled at finish()
+    pending.finish()
     assert sorted(done) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    precompile([Fake(2, fail=True), Fake(3)], workers=4)  # failures are left to the launch
-    assert precompile([Fake(4)], workers=1) == 0
+    pending.finish()  # once only
+    assert len(done) == 4
+    precompile([Fake(2, fail=True), Fake(3)], workers=4).finish()  # failures: left to launch
+    assert precompile([Fake(4)], workers=1).submitted == 0
     x = torch.randn(8, device=DEVICE)
     c = compile_triton(lambda x: (x * 2,), x)
     if DEVICE == "cpu":
