@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -38,26 +39,36 @@ def job_spec(job) -> Optional[tuple]:
 
 
 class Workers:
-    """Worker processes (compile_worker.py) that read job specs (JSON lines) on stdin and answer
-    "ok" or "failed" per job, in order, on stdout. Started before tracing (`workers`), they
-    import torch and Triton while the lead traces; one set serves a graph's forward and
-    backward. `submit` returns at once (a thread per worker reads its answers), so the lead
-    generates the next graph while the workers compile the last one's kernels."""
+    """`n` compile workers (compile_worker.py: one process imports torch and Triton, then forks
+    them), each reading job specs (JSON lines) from a pipe and answering "ok" or "failed" per
+    job, in order, on another. Started before tracing (`workers`), they import while the lead
+    traces; one set serves a graph's forward and backward. `submit` returns at once (a thread
+    per worker reads its answers), so the lead generates the next graph meanwhile."""
 
     def __init__(self, n: int):
         _exiting[:] = [p for p in _exiting if p.poll() is None]
-        self.procs, self._next = [], 0
-        for _ in range(n):
-            try:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL, text=True))
-            except OSError:  # no more processes: fewer workers (none: all in process)
-                break
-        self._waiting = [collections.deque() for _ in self.procs]  # futures in answer order
-        self._locks = [threading.Lock() for _ in self.procs]
-        self._ended = [False] * len(self.procs)  # its reader saw end of output
-        for k in range(len(self.procs)):
+        self.proc, self.ins, self.outs, self._next = None, [], [], 0
+        pipes = [(os.pipe(), os.pipe()) for _ in range(n)] if n > 0 else []
+        theirs = [(jobs[0], answers[1]) for jobs, answers in pipes]
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, WORKER, *(f"{r},{w}" for r, w in theirs)],
+                pass_fds=[fd for pair in theirs for fd in pair], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:  # no more processes: no workers (all in process)
+            for jobs, answers in pipes:
+                os.close(jobs[1])
+                os.close(answers[0])
+            pipes = []
+        for fd in (fd for pair in theirs for fd in pair):
+            os.close(fd)
+        self.ins = [open(jobs[1], "w") for jobs, _ in pipes]
+        self.outs = [open(answers[0]) for _, answers in pipes]
+        self._waiting = [collections.deque() for _ in self.ins]  # futures in answer order
+        self._locks = [threading.Lock() for _ in self.ins]
+        self._ended = [False] * len(self.ins)  # its reader saw end of output
+        self.errors: list[str] = []  # the first failures workers reported (for debugging)
+        for k in range(len(self.ins)):
             threading.Thread(target=self._read, args=(k,), daemon=True).start()
 
     def submit(self, specs: list[tuple]) -> list[tuple[int, Future]]:
@@ -65,10 +76,10 @@ class Workers:
         worker's index and a future that becomes True when that worker compiled it."""
         out = []
         for spec in specs:
-            k, fut = self._next % max(len(self.procs), 1), Future()
+            k, fut = self._next % max(len(self.ins), 1), Future()
             self._next += 1
             out.append((k, fut))
-            if not self.procs:
+            if not self.ins:
                 fut.set_result(False)
                 continue
             with self._locks[k]:
@@ -77,18 +88,19 @@ class Workers:
                     continue
                 self._waiting[k].append(fut)
                 try:
-                    self.procs[k].stdin.write(json.dumps(spec) + "\n")
-                    self.procs[k].stdin.flush()
+                    self.ins[k].write(json.dumps(spec) + "\n")
+                    self.ins[k].flush()
                 except (OSError, ValueError):  # the worker died: its reader fails its jobs
-                    self.procs[k].kill()
+                    pass
         return out
 
     def _read(self, k: int) -> None:
-        p = self.procs[k]
         try:
-            for line in p.stdout:
+            for line in self.outs[k]:
                 with self._locks[k]:
                     fut = self._waiting[k].popleft() if self._waiting[k] else None
+                if line != "ok\n" and len(self.errors) < 20:
+                    self.errors.append(line.strip())
                 if fut is not None:
                     fut.set_result(line == "ok\n")
         except (OSError, ValueError):
@@ -99,12 +111,20 @@ class Workers:
                 self._waiting[k].popleft().set_result(False)
 
     def wait(self, jobs: list[tuple[int, Future]], timeout: float = 600.0) -> int:
-        """How many of `jobs` (from submit) compiled; a worker past `timeout` is killed (its
-        kernels compile in process)."""
+        """How many of `jobs` (from submit) compiled; past `timeout` the workers are killed
+        (what they had not compiled compiles in process)."""
         futures.wait([f for _, f in jobs], timeout)
-        for k in {k for k, f in jobs if not f.done()}:
-            self.procs[k].kill()
+        if not all(f.done() for _, f in jobs):
+            self.kill()
+            futures.wait([f for _, f in jobs], 60)
         return sum(f.done() and f.result() for _, f in jobs)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def compile(self, specs: list[tuple], timeout: float = 600.0) -> int:
         """Compile `specs`; how many compiled."""
@@ -112,12 +132,13 @@ class Workers:
 
     def close(self) -> None:
         """End each worker's input (it exits); not waited for: reaped by the next set."""
-        for p in self.procs:
+        for f in self.ins:
             try:
-                p.stdin.close()
+                f.close()
             except OSError:
                 pass
-        _exiting.extend(self.procs)
+        if self.proc is not None:
+            _exiting.append(self.proc)
 
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")

@@ -40,14 +40,15 @@ def test_workers_started_for_a_graph_serve_each_batch_then_exit():
     from trainc.codegen.triton import compile_pool
     specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
     with compile_pool.workers(2):
-        procs = list(compile_pool._active.procs)
+        active = compile_pool._active
+        assert len(active.ins) == 2
         assert warm_disk_cache(specs, 2) == 0  # answered "failed": nothing compiled
         assert warm_disk_cache(specs, 2) == 0
-        assert [p.poll() for p in procs] == [None, None]  # still serving
+        assert active.proc.poll() is None  # still serving
         with compile_pool.workers(2):  # nested: shares them
-            assert compile_pool._active.procs == procs
+            assert compile_pool._active is active
     assert compile_pool._active is None
-    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert active.proc.wait(timeout=60) == 0  # its forked workers exited too
 
 
 def test_workers_that_cannot_start_leave_compiles_in_process(monkeypatch):
@@ -62,7 +63,7 @@ def test_workers_that_cannot_start_leave_compiles_in_process(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
     specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
     with compile_pool.workers(2):
-        assert compile_pool._active.procs == []
+        assert compile_pool._active.ins == []
         assert warm_disk_cache(specs, 2) == 0
     assert warm_disk_cache(specs, 2) == 0
 
@@ -82,19 +83,23 @@ def test_worker_script_imports_torch_and_triton_but_not_trainc():
     assert not {m.split(".")[0] for m in mods} & {"trainc", "launch", "printer", "exprs", "split"}
 
 
-def test_submit_returns_before_answers_and_a_dead_worker_fails_its_jobs():
-    """Workers.submit queues and returns (the lead goes on generating code); jobs queued on a
-    worker that died resolve as failed at once, not at the timeout."""
+def test_submit_queues_round_robin_and_dead_workers_fail_their_jobs():
+    """Workers.submit queues and returns (the lead goes on generating code), round robin from
+    where the last batch stopped; jobs queued on workers that died resolve as failed at once,
+    not at the timeout."""
     import time
     from trainc.codegen.triton.compile_pool import Workers
-    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 4
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
     pool = Workers(2)
     try:
-        pool.procs[0].kill()
-        pool.procs[0].wait()
+        jobs = pool.submit(specs)
+        assert [k for k, _ in jobs] == [0, 1, 0]
+        assert pool.wait(jobs, timeout=200) == 0
+        assert [k for k, _ in pool.submit(specs[:1])] == [1]
+        pool.kill()
+        pool.proc.wait(timeout=60)
         t0 = time.monotonic()
         jobs = pool.submit(specs)
-        assert [k for k, _ in jobs] == [0, 1, 0, 1]
         assert pool.wait(jobs, timeout=200) == 0
         assert time.monotonic() - t0 < 100
         assert all(f.done() and f.result() is False for _, f in jobs)
