@@ -1,7 +1,8 @@
 """Fuzz findings of the nightly of 2026-11-30 (seed base 20261200), each a runnable program file
 in findings/ (program, make_inputs, OPTS = the compile options that failed). FIXED ones must
 pass; each OPEN one asserts its mismatch is still there, so it fails once the bug is fixed:
-then move its entry to FIXED."""
+then move its entry to FIXED. UNREPLAYABLE ones were oracle artifacts: the replaying reference
+must refuse them (UnreplayableDropout)."""
 import os
 import runpy
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from trainc.codegen import BACKENDS
-from trainc.testing import ReplayFunctional, assert_grads_match
+from trainc.testing import ReplayFunctional, UnreplayableDropout, assert_grads_match
 from trainc.testing.modules import replay_dropouts
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
@@ -21,19 +22,18 @@ OPEN = {  # file: what is wrong, as far as diagnosed
     "inputs moves v11 and v6 together; the cancellation is of a rounded intermediate. Moving "
     "each intermediate by one unit roundoff (session 8) is not enough either: a 48-term sum "
     "carries several of its result's roundings",
-    "modules_cpp_None_20261016": "(session 10/11 local nightly, module stacks; the BatchNorm "
-    "family) bf16 Conv2d(4,4,3) + residual, Flatten, Dropout(0.1), BatchNorm1d(100) over a "
-    "batch of 4, three Linears: the input's and the conv weight's gradients have 5x eager's "
-    "error (0.049 vs 0.0097). The aten backend fails identically, so it is not codegen or the "
-    "scheduler: the decomposed bf16 BatchNorm1d backward over 4 samples, not diagnosed further",
-    "modules_cpp_0_5_20261421": "(session 14 local nightly of module stacks with every "
-    "convolution backward split) bf16 Conv2d(3,4) and a residual Conv2d(4,4), Dropout(0.5), "
-    "SiLU, BatchNorm2d(4) over 3x5x5, a residual Conv2d: m1.weight's gradient has 3.6x eager's "
-    "error (0.058 vs 0.016). The same without the split, at every budget, and on the aten "
-    "backend: the traced graph, not codegen. On aten it passes without the BatchNorm, without "
-    "either residual, or in float32, and fails without the SiLU; a lone bf16 BatchNorm2d of "
-    "that shape matches eager exactly, and so does the stack without dropout ("
-    "compared under a fixed tangent). Not diagnosed further",
+}
+UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at fault)
+    "modules_cpp_None_20261016": "(session 10/11 local nightly, module stacks) bf16 "
+    "Conv2d(4,4,3) + residual, Flatten, Dropout(0.1), BatchNorm1d(100) over a batch of 4, "
+    "three Linears: the input's and the conv weight's gradients had 5x eager's error. Cause "
+    "(session 15): one of the Dropout's bf16 inputs is exactly 0, so the compiled output hides "
+    "its mask there; the replaying reference took it as dropped, trainc had kept it (forcing "
+    "that mask to 1 in the reference passes). ReplayDropout now refuses such masks",
+    "modules_cpp_0_5_20261421": "(session 14 local nightly of module stacks) bf16 Conv2d(3,4) "
+    "and a residual Conv2d(4,4), Dropout(0.5), SiLU, BatchNorm2d(4), a residual Conv2d: "
+    "m1.weight's gradient had 3.6x eager's error. Cause (session 15): one of the 300 bf16 "
+    "values entering the Dropout is exactly 0 (the float64 value is 1.7e-4), as above",
 }
 FIXED = {
     "modules_aten_0_5_20261713": "(local nightly, session 3) bf16 Conv-BN-Conv-BN on a batch "
@@ -136,6 +136,12 @@ def _check(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(FIXED))
 def test_fixed_finding(name):
     _check(name)
+
+
+@pytest.mark.parametrize("name", sorted(UNREPLAYABLE))
+def test_unreplayable_finding(name):
+    with pytest.raises(UnreplayableDropout):
+        _check(name)
 
 
 @pytest.mark.parametrize("name", sorted(OPEN))

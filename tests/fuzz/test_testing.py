@@ -38,6 +38,19 @@ def test_replay_refuses_masks_it_cannot_see():
     assert torch.equal(ok, y[1:2])
 
 
+def test_module_replay_refuses_masks_it_cannot_see():
+    """The module-stack oracle's ReplayDropout refuses as ReplayFunctional does: a bf16 stack
+    can feed an exact 0 to a Dropout (findings modules_cpp_None_20261016, _0_5_20261421)."""
+    from trainc.testing import UnreplayableDropout
+    from trainc.testing.modules import replay_dropouts
+    model = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Dropout(0.5))
+    x = torch.tensor([0.0, 2.0, 3.0])
+    with pytest.raises(UnreplayableDropout):
+        replay_dropouts(model)([torch.tensor([0.0, 4.0, 0.0])])(x)
+    ref = replay_dropouts(model)([torch.tensor([5.0, 4.0, 0.0])])  # 0 kept: mask readable
+    assert torch.equal(ref(x), torch.tensor([0.0, 4.0, 0.0]))
+
+
 def test_compare_exact_properties():
     ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
     eager = ref.float()

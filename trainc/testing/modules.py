@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from hypothesis import assume
 
-from trainc.testing.programs import DTYPES, replay_mask
+from trainc.testing.programs import DTYPES, replay_dropout
 
 ACTIVATIONS = ("nn.GELU()", "nn.SiLU()", "nn.ReLU()")
 
@@ -92,22 +92,25 @@ def replay_dropouts(model: nn.Module) -> Callable[[Sequence], nn.Module]:
         recorded = list(compiled_outputs[len(compiled_outputs) - len(drops):])
         ref = copy.deepcopy(model)
         for name, y in zip(drops, recorded):
-            setattr(ref, name, ReplayDropout(ref.get_submodule(name).p, y))
+            setattr(ref, name, ReplayDropout(ref.get_submodule(name).p, y, name))
         return ref
     return make
 
 
 class ReplayDropout(nn.Module):
-    """Dropout whose mask is (recorded output != 0): see programs.ReplayFunctional."""
+    """Dropout whose mask is (recorded output != 0): see programs.ReplayFunctional. An input
+    that is 0 where the output is 0 hides the mask (kept or dropped give the same output but
+    not the same gradient): UnreplayableDropout, not a guess. A bf16 stack can make an exact 0
+    before a Dropout (finding modules_cpp_0_5_20261421: one of 300 values)."""
 
-    def __init__(self, p: float, recorded: torch.Tensor):
+    def __init__(self, p: float, recorded: torch.Tensor, name: str = "dropout"):
         super().__init__()
-        self.p, self.recorded = p, recorded
+        self.p, self.recorded, self.name = p, recorded, name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:  # as F.dropout: an empty input is returned itself
             return x
-        return x * replay_mask(self.recorded, x.dtype) / (1 - self.p)
+        return replay_dropout(x, self.recorded, self.p, self.name)
 
 
 @st.composite

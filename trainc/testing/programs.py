@@ -144,11 +144,17 @@ class ReplayFunctional:
         self.i += 1
         if not training or x.numel() == 0:  # F.dropout returns an empty input itself
             return x
-        blind = ((x == 0) | ~torch.isfinite(x)) & ((y == 0) | torch.isnan(y))
-        if bool(blind.any()) and 0 < p < 1:
-            raise UnreplayableDropout(f"dropout #{self.i}: {int(blind.sum())} element(s) of the "
-                                      "input are 0/NaN/Inf where the output hides the mask")
-        return x * replay_mask(y, x.dtype) / (1 - p)
+        return replay_dropout(x, y, p, f"dropout #{self.i}")
+
+
+def replay_dropout(x: torch.Tensor, y: torch.Tensor, p: float, what: str) -> torch.Tensor:
+    """x * mask / (1 - p) with the mask of the recorded output y; UnreplayableDropout where x is
+    0/NaN/Inf and y hides the mask there."""
+    blind = ((x == 0) | ~torch.isfinite(x)) & ((y == 0) | torch.isnan(y))
+    if bool(blind.any()) and 0 < p < 1:
+        raise UnreplayableDropout(f"{what}: {int(blind.sum())} element(s) of the input are "
+                                  "0/NaN/Inf where the output hides the mask")
+    return x * replay_mask(y, x.dtype) / (1 - p)
 
 
 def replay_mask(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
