@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import sympy
 import torch
@@ -117,13 +117,19 @@ class GraphLowering:
 
     `channels_last`: 2-D convolutions take their activations channels-last (NHWC in memory),
     as cuDNN and oneDNN run them fastest; the values around them follow (`_preferred_layout`),
-    so the layout changes once, not at every convolution.
+    so the layout changes once, not at every convolution. A bool for every convolution, or a
+    rule deciding per convolution node (forward or backward).
     `store_scalars`: one-element values with a transcendental in them are stored once, not
     inlined (SCALAR_LIMIT; Triton, where every thread of a kernel would compute them again)."""
 
-    def __init__(self, gm: fx.GraphModule, channels_last: bool = False,
+    def __init__(self, gm: fx.GraphModule,
+                 channels_last: Union[bool, Callable[[fx.Node], bool]] = False,
                  store_scalars: bool = False):
-        self.gm, self.g, self.channels_last = gm, LoweredGraph(), channels_last
+        self.gm, self.g = gm, LoweredGraph()
+        self.conv_rule = channels_last if callable(channels_last) else (
+            lambda node, on=bool(channels_last): on)
+        self.channels_last = any(self.conv_rule(n) for n in gm.graph.nodes
+                                 if n.op == "call_function" and n.target in CONVOLUTIONS)
         self.store_scalars = store_scalars
         self.env: dict[fx.Node, Any] = {}
         self.node: Optional[fx.Node] = None
@@ -425,7 +431,7 @@ class GraphLowering:
         if target is _getitem:
             return args[0][args[1]]
         if isinstance(target, torch._ops.OpOverload) and is_extern(target):
-            if self.channels_last and target in CONVOLUTIONS:
+            if target in CONVOLUTIONS and self.conv_rule(node):
                 args = self._conv_args(target, args)
             if target is aten.convolution_backward.default and _split_backward(args):
                 return self._conv_backward_in_two(args, kwargs, node.meta.get("val"))
@@ -529,6 +535,12 @@ def _crosses(node: fx.Node) -> bool:
 _getitem = __import__("operator").getitem
 aten = torch.ops.aten
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+
+
+def conv_weight(node: fx.Node) -> Optional[torch.Tensor]:
+    """The traced weight of a convolution or convolution backward node."""
+    w = node.args[1 if node.target is aten.convolution.default else 2].meta.get("val")
+    return w if isinstance(w, torch.Tensor) else None
 # A convolution backward computing both gradients is split in two calls when its input is at
 # least this large: where the input is not read later, it is freed before grad_input exists.
 # (H200 convnet float32: the backward's peak held a 256 MiB recomputed input, the new 256 MiB
@@ -618,5 +630,6 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,
-          channels_last: bool = False, store_scalars: bool = False) -> LoweredGraph:
+          channels_last: Union[bool, Callable[[fx.Node], bool]] = False,
+          store_scalars: bool = False) -> LoweredGraph:
     return GraphLowering(gm, channels_last, store_scalars).run(lowerings, is_extern)

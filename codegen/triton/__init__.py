@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.split_reductions import split_reductions
-from trainc.codegen.graph import CONVOLUTIONS, CallNode, lower
+from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.storage import plan_storage
@@ -29,15 +29,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
-def _low_precision_convolutions(gm: fx.GraphModule) -> bool:
-    """The default of `conv_channels_last` on triton: convolutions computing in bfloat16 or
-    float16 (cuDNN runs those in NHWC and converts NCHW arguments around each one)."""
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in CONVOLUTIONS:
-            v = n.args[0].meta.get("val")  # the input (forward) or the output's gradient
-            if isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16):
-                return True
-    return False
+def low_precision_conv(node: fx.Node) -> bool:
+    """The default `conv_channels_last` rule on triton: channels-last for a convolution
+    computing in bfloat16 or float16 (cuDNN runs those in NHWC and converts NCHW arguments
+    around each one); float32 ones stay NCHW (accuracy: see Config.conv_channels_last)."""
+    v = node.args[0].meta.get("val")  # the input (forward) or the output's gradient
+    return isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16)
 
 
 class TritonBackend:
@@ -55,7 +52,7 @@ class TritonBackend:
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
         channels_last = self.config.conv_channels_last
         if channels_last is None:
-            channels_last = _low_precision_convolutions(gm)
+            channels_last = low_precision_conv
         lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher

@@ -74,3 +74,20 @@ def test_saved_activations_are_channels_last(partitioner, tmp_path):
     declared = re.findall(r"if arg\d+\.stride\(\) != \((\d+), (\d+), (\d+), (\d+)\)", bwd)
     nchw = [s for s in declared if s[1] != "1" and s[0] not in ("27", "72", "8", "192")]
     assert declared and not nchw, declared
+
+
+def test_a_rule_decides_per_convolution(monkeypatch, tmp_path):
+    """The triton backend's default rule (`low_precision_conv`) decides per convolution node,
+    forward and backward: here only convolutions with >= 8 input channels go channels-last;
+    the 3-channel first one keeps its NCHW input, and the results match eager."""
+    pytest.importorskip("triton")
+    import trainc.codegen.triton as T
+    from trainc.codegen.graph import conv_weight
+    monkeypatch.setattr(T, "low_precision_conv", lambda node: conv_weight(node).shape[1] >= 8)
+    x = torch.randn(2, 3, 8, 8)
+    src = _sources(_net(), x, tmp_path, backend="triton")
+    fwd, bwd = src["30_fwd_wrapper.py"], src["31_bwd_wrapper.py"]
+    assert CL_ARG.search(fwd) and CL_ARG.search(bwd)  # the 8 -> 8 convolution
+    first_nhwc = re.compile(r"as_strided\(\[2, 3, 8, 8\], \[192, 1, 24, 3\]")
+    assert not first_nhwc.search(fwd) and not first_nhwc.search(bwd)
+    assert_grads_match(_net(), [x], backend="triton")
