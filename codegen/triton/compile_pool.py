@@ -126,6 +126,10 @@ class Workers:
             except OSError:
                 pass
 
+    def alive(self) -> bool:
+        """Every worker still reads jobs (none died or was killed)."""
+        return self.proc is not None and self.proc.poll() is None and not any(self._ended)
+
     def compile(self, specs: list[tuple], timeout: float = 600.0) -> int:
         """Compile `specs`; how many compiled."""
         return self.wait(self.submit(specs), timeout)
@@ -144,21 +148,67 @@ class Workers:
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 _exiting: list = []  # closed workers still shutting down
 _active: Optional[Workers] = None  # the workers of the graph being compiled
+_idle: Optional[Workers] = None  # the last graph's workers, kept for the next graph a while
+_idle_timer: Optional[threading.Timer] = None
+_lock = threading.Lock()
+KEEP_IDLE_SECONDS = 60.0  # the graphs of one model (graph breaks) compile within seconds
 
 
 @contextlib.contextmanager
 def workers(n: int) -> Iterator[None]:
-    """Keep `n` workers for the compiles inside the block (nested blocks share them)."""
+    """Keep `n` workers for the compiles inside the block (nested blocks share them). The
+    workers of the last block stay for KEEP_IDLE_SECONDS and serve the next block that wants
+    no more of them: each new set costs seconds of imports before its first compile."""
     global _active
     if n <= 1 or _active is not None:
         yield
         return
-    _active = Workers(n)
+    _active = _reuse(n) or Workers(n)
     try:
         yield
     finally:
-        _active.close()
+        _keep_idle(_active)
         _active = None
+
+
+def _reuse(n: int) -> Optional[Workers]:
+    global _idle
+    with _lock:
+        pool, _idle = _idle, None
+        if _idle_timer is not None:
+            _idle_timer.cancel()
+    if pool is not None and len(pool.ins) >= n and pool.alive():
+        return pool
+    if pool is not None:
+        pool.close()
+    return None
+
+
+def _keep_idle(pool: Workers) -> None:
+    global _idle, _idle_timer
+    with _lock:
+        old, _idle = _idle, pool
+        _idle_timer = threading.Timer(KEEP_IDLE_SECONDS, _close_idle, args=(pool,))
+        _idle_timer.daemon = True
+        _idle_timer.start()
+    if old is not None:
+        old.close()
+
+
+def shutdown() -> None:
+    """Close the idle workers now (they finish what they have queued, then exit)."""
+    if _idle is not None:
+        _close_idle(_idle)
+
+
+def _close_idle(pool: Workers) -> None:
+    """End an idle set (its workers finish what they have queued, then exit)."""
+    global _idle
+    with _lock:
+        if _idle is not pool:
+            return
+        _idle = None
+    pool.close()
 
 
 class Batch:

@@ -2,6 +2,7 @@
 import functools
 import textwrap
 
+import pytest
 import torch
 
 from trainc.codegen.triton.compile_pool import job_spec, warm_disk_cache
@@ -34,10 +35,21 @@ def test_failing_workers_compile_nothing_and_return():
     assert warm_disk_cache(specs[:1], 4) == 0  # one job: compiled in process, no workers
 
 
-def test_workers_started_for_a_graph_serve_each_batch_then_exit():
-    """compile_pool.workers(n): the same processes answer every batch inside the block (the
-    forward's and the backward's kernels), then get end of input and exit."""
+@pytest.fixture(autouse=True)
+def _no_idle_workers():
+    """Each test starts and ends without the workers an earlier block left idle."""
     from trainc.codegen.triton import compile_pool
+    compile_pool.shutdown()
+    yield
+    compile_pool.shutdown()
+
+
+def test_workers_started_for_a_graph_serve_each_batch_then_exit(monkeypatch):
+    """compile_pool.workers(n): the same processes answer every batch inside the block (the
+    forward's and the backward's kernels), then (idle past KEEP_IDLE_SECONDS) get end of
+    input and exit."""
+    from trainc.codegen.triton import compile_pool
+    monkeypatch.setattr(compile_pool, "KEEP_IDLE_SECONDS", 0.0)
     specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 3
     with compile_pool.workers(2):
         active = compile_pool._active
@@ -105,3 +117,30 @@ def test_submit_queues_round_robin_and_dead_workers_fail_their_jobs():
         assert all(f.done() and f.result() is False for _, f in jobs)
     finally:
         pool.close()
+
+
+def test_the_next_graph_reuses_idle_workers(monkeypatch):
+    """A graph's workers stay idle for the next graph (graph breaks: each new set imports torch
+    for seconds before its first compile) if it wants no more of them and none died; a larger
+    set replaces them; idle ones exit after KEEP_IDLE_SECONDS."""
+    from trainc.codegen.triton import compile_pool
+    specs = [("/nonexistent/k.py", "double", ("float32",), {"XBLOCK": 64})] * 2
+    with compile_pool.workers(3):
+        first = compile_pool._active
+    with compile_pool.workers(2):
+        assert compile_pool._active is first
+        assert warm_disk_cache(specs, 2) == 0  # they still answer
+    with compile_pool.workers(4):  # more wanted: a new set; the old one ends
+        second = compile_pool._active
+        assert second is not first and len(second.ins) == 4
+    assert first.proc.wait(timeout=60) == 0
+    second.kill()  # dead: not reused
+    second.proc.wait(timeout=60)
+    with compile_pool.workers(2):
+        third = compile_pool._active
+        assert third is not second and third.alive()
+    monkeypatch.setattr(compile_pool, "KEEP_IDLE_SECONDS", 0.1)
+    with compile_pool.workers(2):
+        assert compile_pool._active is third
+    assert third.proc.wait(timeout=60) == 0  # idle past the limit: ended
+    assert compile_pool._idle is None
