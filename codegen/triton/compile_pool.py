@@ -151,7 +151,7 @@ _active: Optional[Workers] = None  # the workers of the graph being compiled
 _idle: Optional[Workers] = None  # the last graph's workers, kept for the next graph a while
 _idle_timer: Optional[threading.Timer] = None
 _lock = threading.Lock()
-KEEP_IDLE_SECONDS = 60.0  # the graphs of one model (graph breaks) compile within seconds
+KEEP_IDLE_SECONDS = 30.0  # the graphs of one model (graph breaks) compile within seconds
 
 
 @contextlib.contextmanager
