@@ -64,6 +64,11 @@ class Workers:
             os.close(fd)
         self.ins = [open(jobs[1], "w") for jobs, _ in pipes]
         self.outs = [open(answers[0]) for _, answers in pipes]
+        target = _lead_target()
+        if target is not None:  # the workers compile for it without touching CUDA
+            for f in self.ins:
+                f.write(json.dumps({"target": target}) + "\n")
+                f.flush()
         self._waiting = [collections.deque() for _ in self.ins]  # futures in answer order
         self._locks = [threading.Lock() for _ in self.ins]
         self._ended = [False] * len(self.ins)  # its reader saw end of output
@@ -143,6 +148,17 @@ class Workers:
                 pass
         if self.proc is not None:
             _exiting.append(self.proc)
+
+
+def _lead_target() -> Optional[list]:
+    """This CUDA process's Triton target as [backend, arch, warp_size], as Triton's CUDA driver
+    computes it (capability major * 10 + minor, warps of 32), or None (not CUDA, or CUDA not
+    initialized here): the workers then import torch and ask Triton's driver themselves."""
+    if torch.version.hip is not None or not torch.cuda.is_available() or \
+            not torch.cuda.is_initialized():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return ["cuda", major * 10 + minor, 32]
 
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
