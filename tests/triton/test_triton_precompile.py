@@ -46,6 +46,7 @@ def test_worker_processes_compile_warmup_jobs(tmp_path):
     from trainc.codegen.triton.compile_pool import job_spec, warm_disk_cache
     from trainc.codegen.triton.launch import load_module
     from trainc.config import Config
+    torch.zeros(1, device="cuda")  # CUDA initialized: the workers get this GPU's target
     mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
     specs = [job_spec(functools.partial(mod.double.warmup, torch.float32, torch.float32,
                                         grid=(1,), XBLOCK=x)) for x in (64, 128, 256)]
