@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 import torch.fx as fx
 
 from trainc.graph import GraphSignature
-from trainc.passes._graph import allocation_stats
+from trainc.passes._graph import DEFER_RECOMPILE, allocation_stats
 from trainc.passes.check_mutations import MutationError, check_mutations
 from trainc.passes.eliminate_common_subexpressions import eliminate_common_subexpressions
 from trainc.passes.fold_constants import fold_constants
@@ -48,13 +48,22 @@ def run_passes(gm: fx.GraphModule, passes: Sequence[Pass], *, dump: Optional[Cal
     """Apply `passes` in order; `dump(name, gm)` after each; seconds per pass into `timings`."""
     before, start = allocation_stats(gm), time.perf_counter()
     gm.meta[REINPLACED] = 0
-    for i, p in enumerate(passes):
-        t0 = time.perf_counter()
-        gm = p(gm)
-        if timings is not None:
-            timings[p.__name__] = timings.get(p.__name__, 0.0) + time.perf_counter() - t0
-        if dump is not None:
-            dump(f"{prefix}_{i}_{p.__name__}.py", gm)
+    deferred = [gm]  # one gm.recompile() after the last pass, not one per pass
+    try:
+        for i, p in enumerate(passes):
+            deferred[-1].meta[DEFER_RECOMPILE] = True
+            t0 = time.perf_counter()
+            gm = p(gm)
+            if gm is not deferred[-1]:
+                deferred.append(gm)
+            if timings is not None:
+                timings[p.__name__] = timings.get(p.__name__, 0.0) + time.perf_counter() - t0
+            if dump is not None:
+                dump(f"{prefix}_{i}_{p.__name__}.py", gm)
+    finally:
+        for g in deferred:
+            g.meta.pop(DEFER_RECOMPILE, None)
+    gm.recompile()
     after = allocation_stats(gm)
     gm.meta[STATS] = PassStats(*before, *after, gm.meta.get(REINPLACED, 0),
                                time.perf_counter() - start)

@@ -16,6 +16,16 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from trainc.graph import nbytes, val
 
 OpOverload = torch._ops.OpOverload
+DEFER_RECOMPILE = "trainc.defer_recompile"  # gm.meta key: set while run_passes runs
+
+
+def recompiled(gm: fx.GraphModule) -> fx.GraphModule:
+    """A pass's changes made runnable (gm.recompile()), except inside run_passes, which
+    recompiles once after its last pass: regenerating and compiling a large graph's Python
+    after every pass took ~0.3 s of gpt's first call (CPU box; more on the H200 host)."""
+    if not gm.meta.get(DEFER_RECOMPILE):
+        gm.recompile()
+    return gm
 
 
 def schema(node: fx.Node) -> Optional[torch.FunctionSchema]:

@@ -11,7 +11,7 @@ from typing import Any, Hashable
 import torch
 import torch.fx as fx
 
-from trainc.passes._graph import is_mutating
+from trainc.passes._graph import is_mutating, recompiled
 
 
 def eliminate_common_subexpressions(gm: fx.GraphModule) -> fx.GraphModule:
@@ -28,7 +28,7 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> fx.GraphModule:
         if first is not node:
             node.replace_all_uses_with(first)
             gm.graph.erase_node(node)
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 
 from trainc.graph import val
+from trainc.passes._graph import recompiled
 
 aten = torch.ops.aten
 _CREATE = {aten.scalar_tensor.default, aten.full.default, aten.zeros.default,
@@ -49,7 +50,7 @@ def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
         elif not isinstance(value, torch.Tensor):
             node.replace_all_uses_with(value)  # a Python number: inline the literal
     gm.graph.eliminate_dead_code()
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 

@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from trainc.passes._graph import (alias_base, is_view, positions, same_layout, schema,
-                                  written_args)
+from trainc.passes._graph import (alias_base, is_view, positions, recompiled, same_layout,
+                                  schema, written_args)
 from trainc.passes._inplace_ops import SCATTER_INPLACE
 from trainc.graph import val
 
@@ -43,7 +43,7 @@ def reinplace_ops(gm: fx.GraphModule) -> fx.GraphModule:
         members.setdefault(roots[node], []).append(node)
     gm.meta[REINPLACED] = gm.meta.get(REINPLACED, 0) + count
     gm.graph.lint()
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 

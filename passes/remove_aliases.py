@@ -5,6 +5,8 @@ Output aliasing that users can observe is recorded in the GraphSignature, not in
 import torch
 import torch.fx as fx
 
+from trainc.passes._graph import recompiled
+
 _ALIAS_OPS = (torch.ops.aten.alias.default, torch.ops.aten.detach.default)
 
 
@@ -13,5 +15,5 @@ def remove_aliases(gm: fx.GraphModule) -> fx.GraphModule:
         if node.op == "call_function" and node.target in _ALIAS_OPS:
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-    gm.recompile()
+    recompiled(gm)
     return gm

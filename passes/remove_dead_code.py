@@ -4,12 +4,12 @@ Nodes that write a buffer (introduced by reinplace_ops) are kept: their effect i
 """
 import torch.fx as fx
 
-from trainc.passes._graph import is_mutating
+from trainc.passes._graph import is_mutating, recompiled
 
 
 def remove_dead_code(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.eliminate_dead_code(is_impure_node=_impure)
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 

@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from trainc.passes._graph import (alias_base, fake_mode, output_aliases, same_layout,
-                                  storage_roots)
+from trainc.passes._graph import (alias_base, fake_mode, output_aliases, recompiled,
+                                  same_layout, storage_roots)
 from trainc.graph import val
 
 aten = torch.ops.aten
@@ -44,7 +44,7 @@ def remove_noops(gm: fx.GraphModule) -> fx.GraphModule:
         node.replace_all_uses_with(same)
         gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 

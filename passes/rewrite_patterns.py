@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx as fx
 
-from trainc.passes._graph import fake_mode, infer_val, output_aliases, same_layout
+from trainc.passes._graph import (fake_mode, infer_val, output_aliases, recompiled,
+                                  same_layout)
 from trainc.graph import val
 
 aten = torch.ops.aten
@@ -52,7 +53,7 @@ def rewrite_patterns(gm: fx.GraphModule, rules: Optional[list[Rewrite]] = None) 
                     _apply(gm, rule, node, bindings, protected, mode):
                 break
     gm.graph.eliminate_dead_code()
-    gm.recompile()
+    recompiled(gm)
     return gm
 
 
