@@ -25,6 +25,7 @@ from trainc.joint import finish_graph
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
                           run_pre_hooks)
 from trainc.partition.whole_step import recompute_in_step
+from trainc.pipeline import no_cyclic_gc
 from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, mark_mutable_inputs, run_passes
 
 
@@ -149,7 +150,8 @@ class CompiledStep:
                          tuple(fresh), keys, len(batch))
         flat = self._flat_inputs(layout, batch)
         # about 4 graph nodes per parameter (one layer's ops): the worker count's scale
-        with compile_workers(self.config.backend, _device(flat), self.config, 4 * len(used)):
+        with compile_workers(self.config.backend, _device(flat), self.config, 4 * len(used)), \
+                no_cyclic_gc():
             return self._compile_graph(layout, flat, accumulate, t0, gid)
 
     def _compile_graph(self, layout: "_Layout", flat: list, accumulate: bool, t0: float,
