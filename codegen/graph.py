@@ -535,18 +535,18 @@ def _crosses(node: fx.Node) -> bool:
 _getitem = __import__("operator").getitem
 aten = torch.ops.aten
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
-
-
-def conv_weight(node: fx.Node) -> Optional[torch.Tensor]:
-    """The traced weight of a convolution or convolution backward node."""
-    w = node.args[1 if node.target is aten.convolution.default else 2].meta.get("val")
-    return w if isinstance(w, torch.Tensor) else None
 # A convolution backward computing both gradients is split in two calls when its input is at
 # least this large: where the input is not read later, it is freed before grad_input exists.
 # (H200 convnet float32: the backward's peak held a 256 MiB recomputed input, the new 256 MiB
 # grad_input and cuDNN's workspace at once.) Smaller ones stay one call (one launch less); a
 # large input read later costs the extra call and saves nothing.
 SPLIT_CONV_BACKWARD_BYTES = 64 << 20
+
+
+def conv_weight(node: fx.Node) -> Optional[torch.Tensor]:
+    """The traced weight of a convolution or convolution backward node."""
+    w = node.args[1 if node.target is aten.convolution.default else 2].meta.get("val")
+    return w if isinstance(w, torch.Tensor) else None
 
 
 def _split_backward(args: tuple) -> bool:

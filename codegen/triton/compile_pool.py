@@ -39,11 +39,11 @@ def job_spec(job) -> Optional[tuple]:
 
 
 class Workers:
-    """`n` compile workers (compile_worker.py: one process imports torch and Triton, then forks
-    them), each reading job specs (JSON lines) from a pipe and answering "ok" or "failed" per
-    job, in order, on another. Started before tracing (`workers`), they import while the lead
-    traces; one set serves a graph's forward and backward. `submit` returns at once (a thread
-    per worker reads its answers), so the lead generates the next graph meanwhile."""
+    """`n` compile workers (compile_worker.py: one process imports Triton, then forks them),
+    each reading job specs (JSON lines) from a pipe and answering "ok" or "failed" per job, in
+    order, on another; a CUDA lead first sends its target. Started before tracing (`workers`);
+    one set serves a graph's forward and backward. `submit` returns at once (a thread per
+    worker reads its answers), so the lead generates the next graph meanwhile."""
 
     def __init__(self, n: int):
         _exiting[:] = [p for p in _exiting if p.poll() is None]

@@ -359,7 +359,7 @@ def precompile(launchers: list, workers: int) -> Precompile:
     if workers <= 1 or len(jobs) <= 1:
         return Precompile([], None, 0)
     specs = [s for s in map(job_spec, jobs) if s is not None]
-    # a worker process starts in seconds (it imports torch): worth it from a few jobs each;
+    # a set of worker processes costs a start and a first compile: worth it from a few jobs;
     # the workers started for this graph (compile_pool.workers) take them all
     batch = start_warm(specs, min(workers, os.cpu_count() or 1, len(specs) // JOBS_PER_PROCESS)) \
         if len(specs) >= 2 * JOBS_PER_PROCESS else None
