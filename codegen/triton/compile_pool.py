@@ -66,8 +66,9 @@ class Workers:
         self.outs = [open(answers[0]) for _, answers in pipes]
         target = _lead_target()
         if target is not None:  # the workers compile for it without touching CUDA
+            line = json.dumps({"target": target, "ptxas_version": _hashed_ptxas_version(target)})
             for f in self.ins:
-                f.write(json.dumps({"target": target}) + "\n")
+                f.write(line + "\n")
                 f.flush()
         self._waiting = [collections.deque() for _ in self.ins]  # futures in answer order
         self._locks = [threading.Lock() for _ in self.ins]
@@ -159,6 +160,20 @@ def _lead_target() -> Optional[list]:
         return None
     major, minor = torch.cuda.get_device_capability()
     return ["cuda", major * 10 + minor, 32]
+
+
+def _hashed_ptxas_version(target: list) -> Optional[str]:
+    """The ptxas version this process's Triton puts in its cache keys, or None. Triton caches
+    it at its first compile, so it can name another ptxas than the one TRITON_PTXAS_PATH now
+    points to (torch.compile sets that variable after its first hash): workers hash with the
+    lead's string, or the lead would miss every entry they wrote and compile it all again."""
+    if target[0] != "cuda":
+        return None
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+        return get_ptxas_version(target[1])
+    except Exception:  # noqa: BLE001 (no ptxas here: workers then use their own)
+        return None
 
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")

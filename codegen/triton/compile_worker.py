@@ -17,6 +17,7 @@ answers each, in order, with "ok" or "failed <error>"; it exits at end of input.
 """
 import os
 import sys
+from typing import Optional
 
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # this folder's modules (launch, printer, ...) must not shadow others
@@ -65,12 +66,17 @@ class TargetDriver:
         return 0
 
 
-def use_target(target: list) -> None:
+def use_target(target: list, ptxas_version: Optional[str] = None) -> None:
     """Compile for `target` without torch. Triton 3.6's argument specialization (C++) imports
     torch to test for torch.Tensor: a stand-in module whose Tensor nothing is an instance of
-    keeps the real one (seconds of imports) out; the arguments are MockTensors."""
+    keeps the real one (seconds of imports) out; the arguments are MockTensors.
+    `ptxas_version`: the version string the lead's cache keys carry (Triton hashes with the
+    version it cached at its first compile, which may not be the ptxas it now runs)."""
     from triton.runtime.driver import driver
     driver.set_active(TargetDriver(target))
+    if ptxas_version is not None:
+        from triton import knobs
+        knobs.nvidia.mock_ptx_version = ptxas_version
     if "torch" not in sys.modules:
         import types
         stand_in = types.ModuleType("torch")
@@ -114,7 +120,8 @@ def serve(jobs, answers) -> None:
     for line in jobs:  # one job per line until the lead closes the pipe
         if line.startswith("{"):
             try:
-                use_target(json.loads(line)["target"])
+                message = json.loads(line)
+                use_target(message["target"], message.get("ptxas_version"))
                 torchless = True
             except Exception:  # noqa: BLE001 (then torch and Triton's own driver, as before)
                 pass

@@ -239,3 +239,79 @@ def test_torchless_workers_fill_the_cache_entries_a_torch_warmup_uses(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     assert lead.returncode == 0, lead.stderr[-2000:]
     assert sorted(p.name for p in cache.iterdir() if any(p.glob("*.cubin"))) == kernels
+
+
+STALE_LEAD = LEAD.replace("driver.set_active(Target())\n", textwrap.dedent('''
+    import os
+    from triton.backends.nvidia.compiler import get_ptxas_version
+    from trainc.codegen.triton import compile_pool
+    get_ptxas_version(90)  # the lead hashed once (torch.compile does, for its cache key) ...
+    for tool in ("PTXAS", "PTXAS_BLACKWELL"):  # ... then pointed Triton at another ptxas (3.9
+        os.environ[f"TRITON_{tool}_PATH"] = sys.argv[3]  # runs ptxas-blackwell for sm_90)
+    compile_pool._lead_target = lambda: ["cuda", 90, 32]
+    workers = compile_pool.Workers(2)
+    specs = [(sys.argv[1], "mixed", (x, "bool", y), {"XBLOCK": 128, "num_warps": 4})
+             for x, y in json.loads(sys.argv[2])]
+    assert workers.compile(specs) == len(specs), workers.errors
+    workers.close()
+    print(sorted(os.listdir(os.environ["TRITON_CACHE_DIR"])))
+    driver.set_active(Target())
+''')) + "print(sorted(os.listdir(os.environ['TRITON_CACHE_DIR'])))\n"
+
+
+def test_workers_hash_with_the_ptxas_version_the_lead_cached(tmp_path):
+    """Triton caches the ptxas version in its cache keys at its first compile; torch.compile
+    then points TRITON_PTXAS_PATH at torch's ptxas. Workers started after that ran the other
+    ptxas, so the lead missed every entry they wrote and compiled it all again (H200: 34
+    kernels twice). Workers now hash with the lead's version string: no new entries."""
+    import shutil
+    import subprocess
+    import sys
+    from triton.backends.nvidia.compiler import get_ptxas_version  # noqa: F401 (CUDA backend)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                               "TRITON_PTXAS_PATH",
+                                                               "TRITON_PTXAS_BLACKWELL_PATH")}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    path = str(tmp_path / "mixed_kernels.py")
+    with open(path, "w") as f:
+        f.write(BF16_SOURCE)
+    real = subprocess.run([sys.executable, "-c", "from triton.backends.nvidia.compiler import "
+                           "get_ptxas; print(get_ptxas(90).path)"], capture_output=True,
+                          text=True, env=env).stdout.strip()
+    if not real or not shutil.which(real):
+        pytest.skip("no ptxas in this Triton")
+    other = tmp_path / "ptxas"  # another ptxas: its --version names it
+    other.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "other ptxas"\nexec {real} "$@"\n')
+    other.chmod(0o755)
+    pairs = [("bfloat16", "float32"), ("float32", "bfloat16")]
+    out = subprocess.run([sys.executable, "-c", STALE_LEAD, path, json.dumps(pairs), str(other)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    if out.returncode != 0 and "cannot compile" in out.stderr:
+        pytest.skip(out.stderr[-300:])
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = out.stdout.strip().splitlines()[-2:]
+    assert len(eval(before)) >= len(pairs) and after == before
+
+
+def test_a_small_graph_goes_to_the_workers_its_compile_started(monkeypatch, tmp_path):
+    """Two jobs are too few to start processes for, but the workers started before tracing
+    (compile_pool.workers) take them: the lead's threads compile one kernel at a time (H200
+    normact: 4 jobs a graph, 2.3 s each graph in the lead)."""
+    from trainc.codegen.triton import compile_pool, launch
+    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
+    submitted = []
+
+    class Active:
+        def submit(self, specs):
+            submitted.extend(specs)
+            return []
+
+    class Kernel:
+        def warmups(self):
+            return [functools.partial(mod.double.warmup, torch.float32, torch.float32, grid=(1,),
+                                      XBLOCK=x) for x in (64, 128)]
+    monkeypatch.setattr(compile_pool, "_active", Active())
+    pending = launch.precompile([Kernel()], 8)
+    assert len(submitted) == 2 and pending.batch is not None
+    monkeypatch.setattr(compile_pool, "_active", None)  # none started: no new processes either
+    assert launch.precompile([Kernel()], 8).batch.pool is None
