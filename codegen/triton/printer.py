@@ -14,8 +14,8 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
-from trainc.codegen.triton.exprs import (TL, Body, cast_code, compute, index_code, literal,
-                                          tl_compute, to_dtype, widen)
+from trainc.codegen.triton.exprs import (TL, Body, _interpreting, cast_code, compute,
+                                          index_code, literal, tl_compute, to_dtype, widen)
 from trainc.codegen.triton.split import Scratch, split_source, splittable
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
@@ -295,8 +295,7 @@ class KernelPrinter:
         init = _extreme(dt, op in ("max", "argmax"))
         body.emit(f"{acc} = tl.full({shape}, {init}, {TL[dt]})")
         if op in ("max", "min"):
-            body.emit(f"{acc}n = tl.zeros({shape}, tl.int1)")
-            return [acc, acc + "n"]
+            return [acc]
         body.emit(f"{acc}i = tl.full({shape}, {BIG_INDEX}, tl.int64)")
         return [acc, acc + "i"]
 
@@ -317,9 +316,7 @@ class KernelPrinter:
         elif op == "prod":
             body.emit(f"{a} = {a} * tl.where({m}, {v}, 1)")
         elif op in ("max", "min"):
-            f = "tl.maximum" if op == "max" else "tl.minimum"
-            body.emit(f"{a} = tl.where({m}, {f}({a}, {v}), {a})")
-            body.emit(f"{acc[1]} = {acc[1]} | ({m} & ({v} != {v}))")
+            body.emit(f"{a} = tl.where({m}, {_extremum(op, _acc_dtype(n))}({a}, {v}), {a})")
         else:
             cmp = ">" if op == "argmax" else "<"
             take = self.tmp()
@@ -338,11 +335,7 @@ class KernelPrinter:
         elif op == "prod":
             body.emit(f"{f} = tl.reduce({a}, 1, _prod)[:, None]")
         elif op in ("max", "min"):
-            body.emit(f"{f} = tl.{op}({a}, 1)[:, None]")
-            if _acc_dtype(n).is_floating_point:
-                nan = self.const(ir.Const(float("nan"), _acc_dtype(n)))
-                body.emit(f"{f} = tl.where(tl.max({acc[1]}.to(tl.int32), 1)[:, None] > 0, "
-                          f"{nan}, {f})")
+            body.emit(f"{f} = {_reduce_extremum(op, _acc_dtype(n), a)}[:, None]")
         else:
             body.emit(f"_, {f} = tl.reduce(({a}, {acc[1]}), 1, _{op}_combine)")
             body.emit(f"{f} = {f}[:, None]")
@@ -445,6 +438,25 @@ def _numel(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def _extremum(op: str, dt: torch.dtype) -> str:
+    """The max/min combining two values of dtype dt as torch does: a NaN wins (one PTX
+    max.NaN/min.NaN instruction), rather than tracking NaNs beside the accumulator."""
+    if dt.is_floating_point:
+        return "_max_nan" if op == "max" else "_min_nan"
+    return "tl.maximum" if op == "max" else "tl.minimum"
+
+
+def _reduce_extremum(op: str, dt: torch.dtype, tile: str) -> str:
+    """A tile's rows reduced by _extremum. The interpreter runs a custom combine element by
+    element in Python (the triton tests took twice as long): there, tl.max and a NaN test."""
+    if not dt.is_floating_point:
+        return f"tl.{op}({tile}, 1)"
+    if _interpreting():
+        return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), 1) > 0, float('nan'), "
+                f"tl.{op}({tile}, 1))")
+    return f"tl.reduce({tile}, 1, {_extremum(op, dt)})"
 
 
 PRELUDE = '''import triton
@@ -559,6 +571,16 @@ def _ierfc(x):
 @triton.jit
 def _prod(a, b):
     return a * b
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit

@@ -124,17 +124,18 @@ def _stage_b(p, body: Body, n, parts: int) -> None:
         body.emit(f"{f} = tl.sum({v}, 1)[:, None]")
     elif op == "prod":
         body.emit(f"{f} = tl.reduce({v}, 1, _prod)[:, None]")
-    elif dt.is_floating_point:
-        nan = p.const(ir.Const(float("nan"), dt))
-        body.emit(f"{f} = tl.where(tl.max(({v} != {v}).to(tl.int32), 1)[:, None] > 0, "
-                  f"{nan}, tl.{op}({v}, 1)[:, None])")
     else:
-        body.emit(f"{f} = tl.{op}({v}, 1)[:, None]")
+        body.emit(f"{f} = {_reduce_extremum(op, dt, v)}[:, None]")
     if p_expr_dtype(n) == torch.bool:
         body.emit(f"{f} = {f} != 0")
     body.emit(f"tl.store({n.name}_val + xz, {f}.to({TL[compute(n.dtype)]}), mask=xmask)")
     if n.name not in p.k.local:
         p.store(body, n.name, "0", f, "xz", "xmask")
+
+
+def _reduce_extremum(op: str, dt: torch.dtype, tile: str) -> str:
+    from trainc.codegen.triton.printer import _reduce_extremum as ext
+    return ext(op, dt, tile)
 
 
 def _extreme(dt: torch.dtype, lowest: bool) -> str:
