@@ -82,11 +82,14 @@ def test_low_precision_pointwise_and_reduction():
 
 def test_upcast_of_a_stored_bf16_value_is_stored_narrow():
     """The float32 copy of an expensive bf16 value with two users is stored as bf16 and
-    widened at each load (exact: the results equal eager's to float32 rounding)."""
+    widened at each load (exact: the results equal eager's to float32 rounding). On a GPU,
+    libdevice's exp/sin/cos and eager CUDA's may differ by a float32 ulp, which the rounding
+    to bf16 can turn into a bf16 one (2^-8): only the interpreter is compared exactly."""
     def f(x, w):
         g = ((x * 3).exp().sin().cos() * w + x.sqrt()).to(torch.float32)
         return g.sum(0), g * g.mean(0)
-    c = check(f, torch.rand(64, 48).bfloat16(), torch.rand(48).bfloat16(), atol=1e-5)
+    c = check(f, torch.rand(64, 48).bfloat16(), torch.rand(48).bfloat16(), atol=1e-5,
+              rtol=1e-5 if DEVICE == "cpu" else 8e-3)
     assert sum(k.bytes_written for k in c.kernels) < 64 * 48 * (2 + 4) + 4 * 48 * 8
 
 

@@ -75,7 +75,8 @@ def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypat
         # mean, centered squares, amax and b's sum split; the others reduce too few elements
         # per output (amin) or have one reduced dim (y's column sums)
         assert len(set(re.findall(r"buf\d+_part\b", c.source))) == 4, "not split"
-        columns.append([k.ks.column for k in vars(c.run.__globals__["K"]).values()])
+        run = getattr(c.run, "run", c.run)  # on CUDA, inside the precompile's _FirstRun
+        columns.append([k.ks.column for k in vars(run.__globals__["K"]).values()])
     # reads along x (wide x tiles, looped): the final stages and y's column sums; channels-last,
     # the partials of the per-channel statistics too (kernel0: the mean's and the centered
     # squares' partials, one kernel)
