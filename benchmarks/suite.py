@@ -7,15 +7,23 @@ scheduler), achieved bandwidth: bytes / median CUDA-event time, against 4.3 TB/s
   python benchmarks/suite.py --scale cpu [--dtype bfloat16] [--iters 20] [--write BENCHMARKS.md]
 `--threads 1` times steps in thread CPU time (a loaded shared box skews 2-thread wall time);
 first-call seconds are then the process's CPU seconds too.
+`--first-call fresh` reports each compiler's first call measured in a new process with empty
+caches (Triton, Inductor, trainc) instead of in the benchmark process, where a compiler that
+runs after another starts with that one's state (CUDA, imports, environment). Per model and
+compiler the median of `--first-reps` processes, the compilers' order alternating per rep.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import json
 import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -87,6 +95,47 @@ def bench(name: str, scale: str, dtype: torch.dtype, iters: int, backend: str,
     return row
 
 
+CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRAINC_CACHE_DIR")
+
+
+def fresh_first_calls(name: str, a, reps: int) -> dict:
+    """{mode}_first_s for inductor and trainc, each the median over `reps` new processes with
+    empty caches (`first_call_child`)."""
+    times = {"inductor": [], "trainc": []}
+    for rep in range(reps):
+        for mode in (("inductor", "trainc") if rep % 2 == 0 else ("trainc", "inductor")):
+            dirs = {k: tempfile.mkdtemp(prefix="suite-first-") for k in CACHE_ENV}
+            try:
+                out = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--first-child", mode,
+                     "--scale", a.scale, "--dtype", a.dtype, "--backend", a.backend, name],
+                    env={**os.environ, **dirs}, capture_output=True, text=True, check=True)
+            except subprocess.CalledProcessError as e:
+                raise RuntimeError(f"first call of {mode} on {name} failed:\n{e.stderr[-3000:]}")
+            finally:
+                for d in dirs.values():
+                    shutil.rmtree(d, ignore_errors=True)
+            times[mode].append(json.loads(out.stdout.strip().splitlines()[-1])["first_s"])
+    return {f"{mode}_first_s": statistics.median(t) for mode, t in times.items()}
+
+
+def first_call_child(mode: str, name: str, a) -> None:
+    """One eager step (device, cuBLAS/cuDNN initialised, as in `bench`), then the first call
+    of `mode`'s compiled model, timed; prints {"first_s": s}."""
+    device = "cuda" if a.scale == "gpu" else "cpu"
+    m, x, loss = models.build(name, device, a.scale, getattr(torch, a.dtype))
+    models.step(m, x, loss)
+    _sync(device)
+    fn = _compiled(mode, m, a.backend)
+    t0 = time.perf_counter()
+    models.step(fn, x, loss)
+    _sync(device)
+    print(json.dumps({"first_s": time.perf_counter() - t0}), flush=True)
+    if mode == "trainc" and device == "cuda":  # idle compile workers would outlive the print
+        from trainc.codegen.triton import compile_pool
+        compile_pool.shutdown()
+
+
 def kernel_bandwidth(step, top: int = 3, reps: int = 5) -> list[dict]:
     """The `top` generated kernels moving the most bytes: median time and achieved bandwidth
     (each launch timed alone with CUDA events while `step` runs `reps` times)."""
@@ -148,8 +197,15 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: as is)")
     ap.add_argument("--write", default=None, help="append the table to this markdown file")
+    ap.add_argument("--first-call", choices=("process", "fresh"), default="process",
+                    help="first-call seconds in this process, or in new processes, cold caches")
+    ap.add_argument("--first-reps", type=int, default=1)
+    ap.add_argument("--first-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
+    if a.first_child:
+        first_call_child(a.first_child, a.names[0], a)
+        return
     rows, clocks = [], (time.perf_counter, time.perf_counter)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -157,6 +213,8 @@ def main() -> None:
             clocks = (time.thread_time, time.process_time)
     for name in a.names or models.NAMES:
         rows.append(bench(name, a.scale, getattr(torch, a.dtype), a.iters, a.backend, clocks))
+        if a.first_call == "fresh":
+            rows[-1].update(fresh_first_calls(name, a, a.first_reps))
         print(rows[-1], flush=True)
     text = table(rows)
     print(text)
