@@ -111,7 +111,10 @@ class Config:
     # convolution's weight gradient 170x (TF32 on NHWC, exact float32 on NCHW); DESIGN.md's 2x
     # rule against eager rejects both (session 14). Channels-last float32 on the H200 convnet:
     # 7.95 vs 8.80 ms, peak 1032 vs 1544 MiB (BENCHMARKS.md session 14, calls 5-6).
-    conv_channels_last: Optional[bool] = None
+    # "eager_tf32" (triton on CUDA; cpp: as True): also float32 convolutions that eager's NCHW
+    # call runs in TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py runs each
+    # once at compile time with TF32 disallowed and allowed). Opt-in until measured on the GPU.
+    conv_channels_last: Optional[Union[bool, str]] = None
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -146,6 +149,9 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if options.get("cudagraphs") not in (None, True, False):
         raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
                          f"{options['cudagraphs']!r}")
+    if options.get("conv_channels_last") not in (None, True, False, "eager_tf32"):
+        raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
+                         f"or 'eager_tf32', got {options['conv_channels_last']!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
     return Config(**values)
 

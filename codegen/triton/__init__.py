@@ -37,6 +37,15 @@ def low_precision_conv(node: fx.Node) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16)
 
 
+def eager_tf32_conv(node: fx.Node) -> bool:
+    """conv_channels_last="eager_tf32": low_precision_conv's choice, and channels-last for a
+    float32 convolution that eager runs in TF32 at its shapes anyway (tf32_probe.py)."""
+    if low_precision_conv(node):
+        return True
+    from trainc.codegen.triton.tf32_probe import eager_runs_tf32
+    return eager_runs_tf32(node)
+
+
 class TritonBackend:
     name = "triton"
 
@@ -53,6 +62,8 @@ class TritonBackend:
         channels_last = self.config.conv_channels_last
         if channels_last is None:
             channels_last = low_precision_conv
+        elif channels_last == "eager_tf32":
+            channels_last = eager_tf32_conv
         lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher

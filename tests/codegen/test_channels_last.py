@@ -91,3 +91,27 @@ def test_a_rule_decides_per_convolution(monkeypatch, tmp_path):
     first_nhwc = re.compile(r"as_strided\(\[2, 3, 8, 8\], \[192, 1, 24, 3\]")
     assert not first_nhwc.search(fwd) and not first_nhwc.search(bwd)
     assert_grads_match(_net(), [x], backend="triton")
+
+
+def test_eager_tf32_probe_runs_each_convolution_twice_on_its_arguments(monkeypatch):
+    """conv_channels_last="eager_tf32" (codegen/triton/tf32_probe.py): a float32 convolution
+    goes channels-last where eager's NCHW call differs with TF32 allowed. Off CUDA nothing is
+    probed (no TF32): the layouts are the default ones. The probe itself runs the forward and
+    a backward with its mask on arguments shaped as the node's."""
+    pytest.importorskip("triton")
+    from trainc.codegen.triton import tf32_probe
+    aten = torch.ops.aten
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    g = torch.randn(2, 4, 8, 8)
+    conv = [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+    back = [g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, True]]
+    assert not tf32_probe._differs_with_tf32(aten.convolution.default, conv, x.device)
+    assert not tf32_probe._differs_with_tf32(aten.convolution_backward.default, back, x.device)
+    calls = []
+    monkeypatch.setattr(tf32_probe, "_differs_with_tf32", lambda *a: calls.append(a) or True)
+    m, x = _net(), torch.randn(2, 3, 8, 8)
+    out = trainc.compile(m, backend="triton", conv_channels_last="eager_tf32")(x)
+    out.sum().backward()
+    assert not calls  # CPU tensors: not probed
+    with pytest.raises(ValueError, match="conv_channels_last"):
+        trainc.compile(_net(), conv_channels_last="nhwc")
