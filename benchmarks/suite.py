@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import json
+import os
 import random
 import shutil
 import statistics
