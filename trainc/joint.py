@@ -1,12 +1,14 @@
 """Captured graph + example inputs -> one functional joint forward+backward graph (JointGraph).
 
-Two traces: make_fx over autograd (forward, then torch.autograd.grad) gives a graph that still
-mutates; re-tracing it under functionalization removes every mutation. Input mutations come
+Two traces: make_fx over autograd (forward, then torch.autograd.grad) gives a graph that may still
+mutate; re-tracing it under functionalization removes every mutation (skipped when the first
+graph writes nothing: it would trace the same program again). Input mutations come
 out as extra leading outputs; outputs that alias inputs or each other are regenerated later.
 """
 from __future__ import annotations
 
 import contextlib
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,6 +22,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trainc import attention, decomps, rng
 from trainc.graph import (GraphSignature, InputInfo, InputKind, JointGraph, OutputInfo,
                           OutputKind, is_dense)
+
+
+_getitem = operator.getitem
 
 
 class UnsupportedError(RuntimeError):
@@ -49,9 +54,10 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         tangents = list(info.tangent_examples) if training else []
     fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
-        mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
-        functional = make_fx(torch.func.functionalize(mutating, remove="mutations"),
-                             decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
+        functional = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
+        if _writes(functional):
+            functional = make_fx(torch.func.functionalize(functional, remove="mutations"),
+                                 decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
     for i in mutated:
         if requires_grad[i] and training:
@@ -67,6 +73,17 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                          tangents=info.tangents if training else (),
                          grads=tuple(grads) if training else (), training=training)
     return JointGraph(functional, sig, rewrites[0])
+
+
+def _writes(gm: fx.GraphModule) -> bool:
+    """Whether a traced graph may write to a tensor: an op whose schema mutates (in-place,
+    out=), or a call trainc cannot read a schema from."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is _getitem:
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+            return True
+    return False
 
 
 @contextlib.contextmanager
