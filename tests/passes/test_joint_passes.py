@@ -154,3 +154,27 @@ def test_rewrite_default_rules_and_layout_guard():
                        fx.symbolic_trace(lambda x: aten.clone.default(x)).graph)
     gm = rewrite_patterns(_trace(lambda a: a.t() + 1, (2, 3)), rules=[mismatch])
     assert aten.permute.default in _targets(gm), "a layout-changing rewrite must not apply"
+
+
+def test_trace_joint_retraces_under_functionalization_only_graphs_that_write(monkeypatch):
+    """The functionalizing second trace runs only when the first trace writes (an in-place or
+    out= op): without one it would trace the same program again (CPU gpt: 0.3-0.4 s of a
+    first call). Either way the joint graph mutates nothing."""
+    import trainc.joint as J
+    from trainc.graph import InputKind
+    traces = []
+    real = J.make_fx
+    monkeypatch.setattr(J, "make_fx", lambda *a, **k: traces.append(1) or real(*a, **k))
+
+    def pure(x):
+        return (x * 2).sin()
+
+    def writes(x):
+        y = x * 2
+        y.add_(1)
+        return y.sin()
+    for fn, n in ((pure, 1), (writes, 2)):
+        traces.clear()
+        joint = trace_joint(fx.symbolic_trace(fn), [torch.randn(4, requires_grad=True)],
+                            [InputKind.USER], True)
+        assert len(traces) == n and not J._writes(joint.gm)
