@@ -54,10 +54,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         tangents = list(info.tangent_examples) if training else []
     fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
-        functional = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
-        if _writes(functional):
-            functional = make_fx(torch.func.functionalize(functional, remove="mutations"),
-                                 decomposition_table=decomps.TABLE)(*fakes, seed, *tangents)
+        functional = trace_functional(fn, *fakes, seed, *tangents)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
     for i in mutated:
         if requires_grad[i] and training:
@@ -73,6 +70,16 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                          tangents=info.tangents if training else (),
                          grads=tuple(grads) if training else (), training=training)
     return JointGraph(functional, sig, rewrites[0])
+
+
+def trace_functional(fn, *args) -> fx.GraphModule:
+    """fn traced by make_fx with trainc's decompositions, then again under functionalization
+    when that graph writes anything (the module docstring's two traces; also compile_step's)."""
+    gm = make_fx(fn, decomposition_table=decomps.TABLE)(*args)
+    if _writes(gm):
+        gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
+                     decomposition_table=decomps.TABLE)(*args)
+    return gm
 
 
 def _writes(gm: fx.GraphModule) -> bool:

@@ -14,14 +14,13 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from trainc import attention, debug, decomps, records, rng
+from trainc import attention, debug, records, rng
 from trainc.codegen import CompiledGraph, backend_name, compile_workers, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
-from trainc.joint import finish_graph
+from trainc.joint import finish_graph, trace_functional
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
                           run_pre_hooks)
 from trainc.partition.whole_step import recompute_in_step
@@ -222,9 +221,7 @@ class CompiledStep:
         with mode:
             extra = [torch.empty((), device=_device(flat))] if tangent else []
             extra.append(torch.empty((), dtype=torch.int64))
-            mutating = make_fx(fn, decomposition_table=decomps.TABLE)(*fakes, *extra)
-            gm = make_fx(torch.func.functionalize(mutating, remove="mutations"),
-                         decomposition_table=decomps.TABLE)(*fakes, *extra)
+            gm = trace_functional(fn, *fakes, *extra)
         has_rng, mutated = finish_graph(gm, len(flat) + tangent, 0)
         if tangent:
             ph = [n for n in gm.graph.nodes if n.op == "placeholder"][len(flat)]

@@ -167,8 +167,6 @@ def _hashed_ptxas_version(target: list) -> Optional[str]:
     it at its first compile, so it can name another ptxas than the one TRITON_PTXAS_PATH now
     points to (torch.compile sets that variable after its first hash): workers hash with the
     lead's string, or the lead would miss every entry they wrote and compile it all again."""
-    if target[0] != "cuda":
-        return None
     try:
         from triton.backends.nvidia.compiler import get_ptxas_version
         return get_ptxas_version(target[1])
