@@ -105,15 +105,17 @@ class Config:
     # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
     # pooling around them follow. None: on for cpp (oneDNN is faster there); on triton, on for
     # convolutions in bfloat16/float16 (cuDNN runs them in NHWC and, given NCHW, converts around
-    # each one: session 6, H200 convnet bf16, peak 991 MiB NCHW vs 735 channels-last) and off
-    # for float32: cuDNN's NHWC algorithms give float32 batch-norm gradients up to 2.3x eager
+    # each one: session 6, H200 convnet bf16, peak 991 MiB NCHW vs 735 channels-last). Not for
+    # every float32 one: cuDNN's NHWC algorithms give float32 batch-norm gradients up to 2.3x eager
     # NCHW's error with TF32 off (eager channels-last: 2.5x), and with TF32 on a 3-channel first
     # convolution's weight gradient 170x (TF32 on NHWC, exact float32 on NCHW); DESIGN.md's 2x
     # rule against eager rejects both (session 14). Channels-last float32 on the H200 convnet:
     # 7.95 vs 8.80 ms, peak 1032 vs 1544 MiB (BENCHMARKS.md session 14, calls 5-6).
-    # "eager_tf32" (triton on CUDA; cpp: as True): also float32 convolutions that eager's NCHW
-    # call runs in TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py runs each
-    # once at compile time with TF32 disallowed and allowed). Opt-in until measured on the GPU.
+    # So on triton float32 convolutions go channels-last only where eager's own NCHW call runs
+    # TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py runs each once at compile
+    # time with TF32 disallowed and allowed; the default, also named "eager_tf32"; cpp: as
+    # True). H200 convnet float32, scale gpu: every convolution TF32 in eager, 7.92 ms (NCHW
+    # 8.88, Inductor 8.10), error 1.40x eager's; at scale cpu eager is exact and so is trainc.
     conv_channels_last: Optional[Union[bool, str]] = None
 
 

@@ -30,16 +30,16 @@ def interpreting() -> bool:
 
 
 def low_precision_conv(node: fx.Node) -> bool:
-    """The default `conv_channels_last` rule on triton: channels-last for a convolution
-    computing in bfloat16 or float16 (cuDNN runs those in NHWC and converts NCHW arguments
-    around each one); float32 ones stay NCHW (accuracy: see Config.conv_channels_last)."""
+    """Channels-last for a convolution computing in bfloat16 or float16 (cuDNN runs those in
+    NHWC and converts NCHW arguments around each one)."""
     v = node.args[0].meta.get("val")  # the input (forward) or the output's gradient
     return isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16)
 
 
 def eager_tf32_conv(node: fx.Node) -> bool:
-    """conv_channels_last="eager_tf32": low_precision_conv's choice, and channels-last for a
-    float32 convolution that eager runs in TF32 at its shapes anyway (tf32_probe.py)."""
+    """The default `conv_channels_last` rule on triton (also "eager_tf32"): low_precision_conv's
+    choice, and channels-last for a float32 convolution that eager runs in TF32 at its shapes
+    anyway (tf32_probe.py); other float32 ones stay NCHW (see Config.conv_channels_last)."""
     if low_precision_conv(node):
         return True
     from trainc.codegen.triton.tf32_probe import eager_runs_tf32
@@ -60,9 +60,7 @@ class TritonBackend:
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
         channels_last = self.config.conv_channels_last
-        if channels_last is None:
-            channels_last = low_precision_conv
-        elif channels_last == "eager_tf32":
+        if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
         lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)

@@ -77,7 +77,7 @@ def test_saved_activations_are_channels_last(partitioner, tmp_path):
 
 
 def test_a_rule_decides_per_convolution(monkeypatch, tmp_path):
-    """The triton backend's default rule (`low_precision_conv`) decides per convolution node,
+    """The triton backend's rule (`low_precision_conv`, then the TF32 probe) decides per node,
     forward and backward: here only convolutions with >= 8 input channels go channels-last;
     the 3-channel first one keeps its NCHW input, and the results match eager."""
     pytest.importorskip("triton")
@@ -115,3 +115,31 @@ def test_eager_tf32_probe_runs_each_convolution_twice_on_its_arguments(monkeypat
     assert not calls  # CPU tensors: not probed
     with pytest.raises(ValueError, match="conv_channels_last"):
         trainc.compile(_net(), conv_channels_last="nhwc")
+
+
+def test_eager_tf32_probe_needs_tf32_in_every_product_the_node_computes():
+    """A convolution backward goes channels-last only when its input gradient and its weight
+    gradient both differ at TF32's scale (H200, scale "cpu": cuDNN computed the input gradient
+    exactly and the weight gradient in TF32; channels-last ran both in TF32 and an earlier
+    batch norm's weight gradient had 1800x eager's error). The bias gradient (a sum) and
+    float32-sized differences (another exact algorithm) do not count."""
+    pytest.importorskip("triton")
+    from trainc.codegen.triton import tf32_probe
+    x = torch.randn(4, 4)
+
+    def fake(moved, amount=3e-4, bias=True):
+        def target(t):
+            nudge = amount if torch.backends.cudnn.allow_tf32 else 0.0
+            outs = [t * (1 + nudge * (k in moved)) for k in range(2)]
+            return (*outs, t.sum(0) if bias else None)
+        return target
+
+    def probe(target):
+        return tf32_probe._differs_with_tf32(target, [x], x.device)
+
+    assert probe(fake({0, 1}))
+    assert probe(fake({0, 1}, bias=False))
+    assert not probe(fake({1}))  # exact input gradient: NCHW
+    assert not probe(fake({0}))
+    assert not probe(fake({0, 1}, amount=1e-6))  # float32-sized: another exact algorithm
+    assert not probe(lambda t: t * 1)  # a forward with equal results
