@@ -66,6 +66,7 @@ class Workers:
         self.outs = [open(answers[0]) for _, answers in pipes]
         target = _lead_target()
         if target is not None:  # the workers compile for it without touching CUDA
+            _prepare_lead()
             line = json.dumps({"target": target, "ptxas_version": _hashed_ptxas_version(target)})
             for f in self.ins:
                 f.write(line + "\n")
@@ -174,6 +175,44 @@ def _hashed_ptxas_version(target: list) -> Optional[str]:
         return None
 
 
+_lead_prep: Optional[threading.Thread] = None
+
+
+def _prepare_lead() -> None:
+    """Start Triton's one-time work in this (the lead) process while the graph is traced:
+    building its CUDA driver (its first use compiles and loads Triton's C utilities: gcc, with
+    a cold cache; the workers do not need them) and the hash of Triton's own files that leads
+    every cache key (`triton_key`: ~0.3 s, reading and hashing libtriton). Both mostly wait on
+    gcc, the disk or hashlib, which release the GIL, so they run beside the trace. H200
+    normact's first graph spent 0.53 s in the lead after its workers' compiles had ended."""
+    global _lead_prep
+    with _lock:
+        if _lead_prep is not None:
+            return
+        _lead_prep = threading.Thread(target=_prepare_triton, daemon=True)
+        _lead_prep.start()
+
+
+def _prepare_triton() -> None:
+    try:
+        from triton.runtime import driver
+        driver.active.get_current_device()
+    except Exception:  # noqa: BLE001 (then the first launch loads it and reports errors)
+        pass
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+    except Exception:  # noqa: BLE001 (another Triton: its first compile computes its keys)
+        pass
+
+
+def lead_ready() -> None:
+    """Wait for _prepare_lead's thread (callers then use Triton's driver in this thread only:
+    two threads creating it at once would build it twice)."""
+    if _lead_prep is not None:
+        _lead_prep.join()
+
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 _exiting: list = []  # closed workers still shutting down
 _active: Optional[Workers] = None  # the workers of the graph being compiled
@@ -258,13 +297,16 @@ class Batch:
 
 
 def start_warm(specs: list[tuple], workers: int) -> Batch:
-    """Queue `specs` (job_spec tuples) in the active workers, or else in up to `workers` new
-    processes (closed after the batch). Best effort: a failed or missing worker leaves its
-    kernels to the in-process compile."""
+    """Queue `specs` (job_spec tuples) in the active workers, or else the idle ones (kept
+    KEEP_IDLE_SECONDS), or else in up to `workers` new processes (closed after the batch).
+    Best effort: a failed or missing worker leaves its kernels to the in-process compile."""
     if len(specs) <= 1:
         return Batch(None, [], False)
     if _active is not None:
         return Batch(_active, _active.submit(specs), False)
+    idle = _idle  # the last graph's workers, idle: a graph compiled later (a backward for
+    if idle is not None and idle.alive():  # tangents of other strides, at its first call)
+        return Batch(idle, idle.submit(specs), False)
     if workers <= 1:
         return Batch(None, [], False)
     pool = Workers(min(workers, len(specs)))

@@ -314,4 +314,65 @@ def test_a_small_graph_goes_to_the_workers_its_compile_started(monkeypatch, tmp_
     pending = launch.precompile([Kernel()], 8)
     assert len(submitted) == 2 and pending.batch is not None
     monkeypatch.setattr(compile_pool, "_active", None)  # none started: no new processes either
+    monkeypatch.setattr(compile_pool, "_idle", None)
     assert launch.precompile([Kernel()], 8).batch.pool is None
+
+
+def test_a_graph_compiled_after_the_others_goes_to_their_idle_workers(monkeypatch, tmp_path):
+    """A graph compiled outside the `workers` block, such as the backward compiled again at
+    its first call for tangents of other strides (an expanded gradient of a sum), goes to the
+    workers kept idle since the last block (H200 normact float32: 4 jobs, 0.8 s in the
+    lead's threads); a dead idle set is not used."""
+    from trainc.codegen.triton import compile_pool, launch
+    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
+    submitted = []
+
+    class Idle:
+        alive_now = True
+
+        def alive(self):
+            return self.alive_now
+
+        def submit(self, specs):
+            submitted.extend(specs)
+            return []
+
+    class Kernel:
+        def warmups(self):
+            return [functools.partial(mod.double.warmup, torch.float32, torch.float32, grid=(1,),
+                                      XBLOCK=x) for x in (64, 128)]
+    idle = Idle()
+    monkeypatch.setattr(compile_pool, "_active", None)
+    monkeypatch.setattr(compile_pool, "_idle", idle)
+    assert launch.precompile([Kernel()], 8).batch.pool is idle and len(submitted) == 2
+    idle.alive_now = False
+    assert launch.precompile([Kernel()], 8).batch.pool is None
+
+
+def test_the_lead_prepares_triton_while_workers_start(monkeypatch):
+    """On CUDA the lead builds Triton's driver (its C utilities: gcc with a cold cache) and the
+    hash of Triton's files that leads its cache keys in a thread started with the workers,
+    beside the trace; a graph's first finish and launches wait for it (H200 normact: 0.5-0.9 s
+    in the lead after the first graph's compiles)."""
+    import threading
+    import time
+    from trainc.codegen.triton import compile_pool, launch
+    loaded = threading.Event()
+
+    def slow_load():
+        time.sleep(0.3)
+        loaded.set()
+
+    monkeypatch.setattr(compile_pool, "_lead_prep", None)
+    monkeypatch.setattr(compile_pool, "_prepare_triton", slow_load)
+    monkeypatch.setattr(compile_pool, "_lead_target", lambda: ["cuda", 90, 32])
+    monkeypatch.setattr(compile_pool, "_hashed_ptxas_version", lambda target: None)
+    started = time.perf_counter()
+    pool = compile_pool.Workers(0)
+    assert time.perf_counter() - started < 0.2 and not loaded.is_set()  # not waited for here
+    thread = compile_pool._lead_prep
+    compile_pool.Workers(0).close()  # once per process
+    assert compile_pool._lead_prep is thread
+    launch.Precompile([], None, 0).finish()
+    assert loaded.is_set()
+    pool.close()
