@@ -293,29 +293,43 @@ def test_workers_hash_with_the_ptxas_version_the_lead_cached(tmp_path):
     assert len(eval(before)) >= len(pairs) and after == before
 
 
-def test_a_small_graph_goes_to_the_workers_its_compile_started(monkeypatch, tmp_path):
-    """Two jobs are too few to start processes for, but the workers started before tracing
-    (compile_pool.workers) take them: the lead's threads compile one kernel at a time (H200
-    normact: 4 jobs a graph, 2.3 s each graph in the lead)."""
-    from trainc.codegen.triton import compile_pool, launch
-    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
-    submitted = []
+class _FakePool:
+    """Stands in for a Workers set: records what is submitted."""
 
-    class Active:
-        def submit(self, specs):
-            submitted.extend(specs)
-            return []
+    def __init__(self):
+        self.submitted, self.alive_now = [], True
+
+    def alive(self):
+        return self.alive_now
+
+    def submit(self, specs):
+        self.submitted.extend(specs)
+        return []
+
+
+def _two_config_kernel(tmp_path):
+    """A launcher stand-in whose warmups compile one kernel at two configs."""
+    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
 
     class Kernel:
         def warmups(self):
             return [functools.partial(mod.double.warmup, torch.float32, torch.float32, grid=(1,),
                                       XBLOCK=x) for x in (64, 128)]
-    monkeypatch.setattr(compile_pool, "_active", Active())
-    pending = launch.precompile([Kernel()], 8)
-    assert len(submitted) == 2 and pending.batch is not None
+    return Kernel()
+
+
+def test_a_small_graph_goes_to_the_workers_its_compile_started(monkeypatch, tmp_path):
+    """Two jobs are too few to start processes for, but the workers started before tracing
+    (compile_pool.workers) take them: the lead's threads compile one kernel at a time (H200
+    normact: 4 jobs a graph, 2.3 s each graph in the lead)."""
+    from trainc.codegen.triton import compile_pool, launch
+    kernel, active = _two_config_kernel(tmp_path), _FakePool()
+    monkeypatch.setattr(compile_pool, "_active", active)
+    pending = launch.precompile([kernel], 8)
+    assert len(active.submitted) == 2 and pending.batch is not None
     monkeypatch.setattr(compile_pool, "_active", None)  # none started: no new processes either
     monkeypatch.setattr(compile_pool, "_idle", None)
-    assert launch.precompile([Kernel()], 8).batch.pool is None
+    assert launch.precompile([kernel], 8).batch.pool is None
 
 
 def test_a_graph_compiled_after_the_others_goes_to_their_idle_workers(monkeypatch, tmp_path):
@@ -324,29 +338,12 @@ def test_a_graph_compiled_after_the_others_goes_to_their_idle_workers(monkeypatc
     workers kept idle since the last block (H200 normact float32: 4 jobs, 0.8 s in the
     lead's threads); a dead idle set is not used."""
     from trainc.codegen.triton import compile_pool, launch
-    mod, _ = load_module(SOURCE, Config(cache_dir=str(tmp_path)))
-    submitted = []
-
-    class Idle:
-        alive_now = True
-
-        def alive(self):
-            return self.alive_now
-
-        def submit(self, specs):
-            submitted.extend(specs)
-            return []
-
-    class Kernel:
-        def warmups(self):
-            return [functools.partial(mod.double.warmup, torch.float32, torch.float32, grid=(1,),
-                                      XBLOCK=x) for x in (64, 128)]
-    idle = Idle()
+    kernel, idle = _two_config_kernel(tmp_path), _FakePool()
     monkeypatch.setattr(compile_pool, "_active", None)
     monkeypatch.setattr(compile_pool, "_idle", idle)
-    assert launch.precompile([Kernel()], 8).batch.pool is idle and len(submitted) == 2
+    assert launch.precompile([kernel], 8).batch.pool is idle and len(idle.submitted) == 2
     idle.alive_now = False
-    assert launch.precompile([Kernel()], 8).batch.pool is None
+    assert launch.precompile([kernel], 8).batch.pool is None
 
 
 def test_the_lead_prepares_triton_while_workers_start(monkeypatch):
