@@ -85,7 +85,7 @@ class Config:
     # TRAINC_TRITON_PRECISE_DIV=1 turns it on. Always IEEE: floor-division, remainder, a
     # quotient that is floored/rounded/cast to an integer/compared, division by a constant.
     triton_precise_div: bool = False
-    # backend="triton" on CUDA: processes (at most one per CPU and per 4 captured graph nodes,
+    # backend="triton" on CUDA: processes (at most one per CPU and per captured graph node,
     # started before tracing) and threads compiling a graph's kernels concurrently at compile
     # time instead of one by one at their first launch (0 or 1: no precompile;
     # codegen/triton/compile_pool.py)
