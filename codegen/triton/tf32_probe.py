@@ -27,7 +27,10 @@ def eager_runs_tf32(node: fx.Node) -> bool:
     key = (node.target, tuple((tuple(v.shape), v.device) if isinstance(v, torch.Tensor)
                               else repr(v) for v in vals))
     if key not in _seen:
-        _seen[key] = _differs_with_tf32(node.target, vals, tensors[0].device)
+        try:
+            _seen[key] = _differs_with_tf32(node.target, vals, tensors[0].device)
+        except RuntimeError:  # out of memory (torch.OutOfMemoryError is one) or refused:
+            return False  # NCHW, which is never less accurate than eager; probed next time
     return _seen[key]
 
 

@@ -143,3 +143,23 @@ def test_eager_tf32_probe_needs_tf32_in_every_product_the_node_computes():
     assert not probe(fake({0}))
     assert not probe(fake({0, 1}, amount=1e-6))  # float32-sized: another exact algorithm
     assert not probe(lambda t: t * 1)  # a forward with equal results
+
+
+def test_eager_tf32_probe_that_cannot_run_keeps_nchw(monkeypatch):
+    """A probe that fails (out of GPU memory at compile time: it allocates the convolution's
+    arguments) leaves that convolution NCHW instead of failing the compile."""
+    pytest.importorskip("triton")
+    from trainc.codegen.triton import tf32_probe
+
+    def oom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(tf32_probe, "_differs_with_tf32", oom)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():  # a CUDA tensor's metadata, as a traced node has, without a GPU
+        x = torch.empty(2, 3, 8, 8, device="cuda")
+    g = torch.fx.Graph()
+    arg = g.placeholder("x")
+    arg.meta["val"] = x
+    node = g.call_function(torch.ops.aten.convolution.default, (arg,))
+    assert tf32_probe.eager_runs_tf32(node) is False
