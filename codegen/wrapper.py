@@ -162,8 +162,10 @@ class Kept:
 
 class _Writer:
     def __init__(self, sched: Schedule, params: dict[str, list[str]], tensors: bool,
-                 device: Optional[torch.device], host_scalars: Sequence[str] = ()):
+                 device: Optional[torch.device], host_scalars: Sequence[str] = (),
+                 gemm: Optional[Callable[..., Optional[Callable]]] = None):
         self.s, self.g, self.params = sched, sched.graph, params
+        self.gemm = gemm or (lambda call, inplace=False: None)
         self.host_scalars = list(host_scalars)
         self.tensors, self.device = tensors, device
         self.lines: list[str] = []
@@ -226,11 +228,17 @@ class _Writer:
     def _allocates(self, item) -> list[str]:
         if isinstance(item, Kernel):
             names = [n.name for n in item.nodes if n.name not in item.local]
-        elif OUT_VARIANTS.get(item.target) is not None and not item.kwargs:
+        elif self._out_variant(item) is not None:
             names = [item.outputs[0]]
         else:
             names = []
         return [b for b in names if b not in self.storage]
+
+    def _out_variant(self, c: CallNode):
+        """The out= op the call runs as, into a buffer the wrapper allocates, or None."""
+        if c.kwargs or self.gemm(c) is not None:
+            return None
+        return OUT_VARIANTS.get(c.target)
 
     def _reads(self, item) -> list[str]:
         """Buffers the item touches; what it produces counts too, so a result nobody reads
@@ -410,19 +418,19 @@ class _Writer:
         kwargs = "".join(f", {k}={self._arg(v)}" for k, v in c.kwargs.items())
         if c.inplace is not None and c.outputs and c.outputs[0] in self.storage:
             target, key = c.inplace
-            self.ns[op] = FAST_CALLS.get(target, target)
+            self.ns[op] = self.gemm(c, inplace=True) or FAST_CALLS.get(target, target)
             dest = self.storage[c.outputs[0]]
             kwargs += f", {key}={dest}" if isinstance(key, str) else ""
             self.emit(f"{op}({args}{kwargs})  # {c.kind} in place {c.origin}")
             self._take(c.outputs[0])
             return
-        out_variant = OUT_VARIANTS.get(c.target)
-        if out_variant is not None and not c.kwargs:
+        out_variant = self._out_variant(c)
+        if out_variant is not None:
             self.ns[op] = FAST_CALLS.get(out_variant, out_variant)
             self.alloc(c.outputs[0])
             self.emit(f"{op}({args}, out={c.outputs[0]})  # {c.origin}")
             return
-        self.ns[op] = FAST_CALLS.get(c.target, c.target)
+        self.ns[op] = self.gemm(c) or FAST_CALLS.get(c.target, c.target)
         for o in c.outputs:
             if o is not None:
                 self._grow(self.g.buffers[o].nbytes, o)
@@ -516,13 +524,16 @@ def _peak_comment(stats: dict) -> str:
 
 def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
                   device: Optional[torch.device] = None, keep: bool = False,
-                  host_scalars: Sequence[str] = ()) -> Wrapper:
+                  host_scalars: Sequence[str] = (),
+                  gemm: Optional[Callable[..., Optional[Callable]]] = None) -> Wrapper:
     """`params`: per kernel name, the buffers it takes, in order: as data pointers (C++
     functions through ctypes) or, with `tensors`, as tensors (Triton launchers). Buffers are
     allocated on `device` (None: torch's default device); with `keep`, those that never leave
     the wrapper once, then kept across calls (stats["kept_bytes"]). `host_scalars`: one-element
-    CPU inputs of a graph whose kernels run on `device`, copied there once per call."""
-    w = _Writer(sched, params, tensors, device, host_scalars)
+    CPU inputs of a graph whose kernels run on `device`, copied there once per call. `gemm`:
+    per mm/addmm call (and `inplace=True`: one run in place), a function to call instead of
+    ATen's out= or in-place form (codegen/cpp/gemm.py), or None."""
+    w = _Writer(sched, params, tensors, device, host_scalars, gemm)
     w.write()
     kept = w.keep_buffers() if keep else 0
     stats = {"fresh_bytes": w.fresh - kept, "peak_bytes": w.peak, "inplace": len(w.storage),

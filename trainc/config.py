@@ -90,6 +90,11 @@ class Config:
     # time instead of one by one at their first launch (0 or 1: no precompile;
     # codegen/triton/compile_pool.py)
     triton_compile_workers: int = 16
+    # backend="cpp": "auto" runs each float32/bfloat16 mm/addmm call site through oneDNN's
+    # inner product instead of ATen's mm (MKL) where timing both at compile time says it is
+    # faster (codegen/cpp/gemm.py; AMD EPYC dev box: 1.2-2x); "aten": always ATen's.
+    # TRAINC_CPP_GEMM sets it.
+    cpp_gemm: str = "auto"
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
     # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only.
@@ -125,6 +130,7 @@ def _env_defaults() -> dict[str, Any]:
         "debug_dir": os.environ.get("TRAINC_DEBUG_DIR") or None,
         "cpp_compiler": os.environ.get("TRAINC_CXX") or Config.cpp_compiler,
         "cpp_flags": os.environ.get("TRAINC_CPP_FLAGS") or Config.cpp_flags,
+        "cpp_gemm": os.environ.get("TRAINC_CPP_GEMM") or Config.cpp_gemm,
         "cache_dir": os.environ.get("TRAINC_CACHE_DIR") or None,
         "cache_artifacts": os.environ.get("TRAINC_CACHE_ARTIFACTS", "1") not in ("", "0"),
         "triton_precise_div": os.environ.get("TRAINC_TRITON_PRECISE_DIV", "0") not in ("", "0"),
@@ -151,6 +157,10 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if options.get("cudagraphs") not in (None, True, False):
         raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
                          f"{options['cudagraphs']!r}")
+    gemm_mode = options.get("cpp_gemm", _env_defaults()["cpp_gemm"])
+    if gemm_mode not in ("auto", "aten"):
+        raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
+                         f"{gemm_mode!r}")
     if options.get("conv_channels_last") not in (None, True, False, "eager_tf32"):
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
+from trainc.codegen.cpp import gemm
 from trainc.codegen.cpp.build import PendingBuild, start_build
 from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
 from trainc.codegen.graph import CallNode, lower
@@ -43,7 +44,8 @@ class CppBackend:
         cpp = _PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
         funcs, path, hit = _load_kernels(cpp, params, self.config)
         keep = self.config.cpp_keep_buffers and self.config.memory_budget is None
-        wrapper = write_wrapper(sched, params, keep=keep)
+        wrapper = write_wrapper(sched, params, keep=keep,
+                                gemm=gemm.chooser(sched.graph, self.config.cpp_gemm))
         fallbacks = sorted({str(c.target) for c in sched.items
                             if isinstance(c, CallNode) and c.kind == "fallback"})
         source = (wrapper.source + f"\n\n# C++ kernels ({path or 'none'}):\nCPP_SOURCE = r'''\n"

@@ -148,10 +148,14 @@ def test_small_node_never_joins_a_scatter_kernel():
     assert len(c.kernels) == 2
 
 
-def test_kernel_reading_only_inputs_runs_just_before_its_first_user():
+def test_kernel_reading_only_inputs_runs_just_before_its_first_user(monkeypatch):
     """A value of inputs only (here a column sum of v, first in the program) is computed right
     before the kernel that reads it, after the matmul: the host reaches the first large
     launches sooner and the value lives shorter."""
+    # ATen's mm, as eager's: sigmoid far out in its tail turns oneDNN's other summation order
+    # (float32 rounding of the K=512 product) into 1e-5 relative differences from eager's
+    monkeypatch.setenv("TRAINC_CPP_GEMM", "aten")
+
     def f(x, w, v):
         b = v.exp().sum(0)
         return (x.relu() @ w).sigmoid() * b

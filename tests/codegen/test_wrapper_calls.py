@@ -13,7 +13,9 @@ def _externs(c) -> list:
     return [ns[k] for k in sorted(ns) if k.startswith("op_")]
 
 
-def test_mm_addmm_bmm_call_the_torch_bindings_with_out():
+def test_mm_addmm_bmm_call_the_torch_bindings_with_out(monkeypatch):
+    monkeypatch.setenv("TRAINC_CPP_GEMM", "aten")  # not oneDNN's (test_cpp_gemm.py)
+
     def f(x, w, b, y):
         return F.linear(x, w, b).relu() @ w, torch.bmm(y, y.transpose(1, 2))
     c = check(f, torch.randn(8, 16), torch.randn(16, 16), torch.randn(16),
