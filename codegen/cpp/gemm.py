@@ -49,8 +49,9 @@ def chooser(graph: LoweredGraph, mode: str) -> Callable[..., Optional[Callable]]
     """For write_wrapper: the oneDNN function a call site runs, or None (ATen's call). With
     `inplace`, for an addmm the wrapper runs in place into its first argument."""
     def choose(call: CallNode, inplace: bool = False) -> Optional[Callable]:
-        if mode != "auto" or call.kind != "extern" or call.target not in CALLS:
-            return None
+        if mode != "auto" or call.kind != "extern" or call.target not in CALLS or \
+                inplace and (call.inplace is None or call.inplace[1] != 0):
+            return None  # in place: only into the first argument (addmm_'s self)
         shapes = _arguments(call, graph, inplace)
         if shapes is None:
             return None
