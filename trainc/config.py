@@ -157,14 +157,13 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if options.get("cudagraphs") not in (None, True, False):
         raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
                          f"{options['cudagraphs']!r}")
-    gemm_mode = options.get("cpp_gemm", _env_defaults()["cpp_gemm"])
-    if gemm_mode not in ("auto", "aten"):
-        raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
-                         f"{gemm_mode!r}")
     if options.get("conv_channels_last") not in (None, True, False, "eager_tf32"):
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
+    if values["cpp_gemm"] not in ("auto", "aten"):  # an option or TRAINC_CPP_GEMM
+        raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
+                         f"{values['cpp_gemm']!r}")
     return Config(**values)
 
 

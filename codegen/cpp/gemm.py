@@ -79,11 +79,12 @@ def _arguments(call: CallNode, graph: LoweredGraph, inplace: bool) -> Optional[l
     if any(d != dt for _, _, d in out) or dt not in DTYPES or len(a_shape) != 2 or \
             len(b_shape) != 2 or 0 in a_shape + b_shape or 0 in a_stride + b_stride:
         return None
-    if inplace != (len(rest) == 1 and rest[0][0] == (a_shape[0], b_shape[1])):
-        return None
-    if rest and not inplace and (rest[0][0] != (b_shape[1],) or rest[0][1] != (1,)):
-        return None
-    return out
+    m, n = a_shape[0], b_shape[1]
+    if inplace:  # addmm_ into its [M, N] first argument
+        ok = len(rest) == 1 and rest[0][0] == (m, n)
+    else:  # mm, or addmm with a dense [N] bias
+        ok = not rest or rest[0][:2] == ((n,), (1,))
+    return out if ok else None
 
 
 def _faster(target, inplace: bool, shapes: Sequence[tuple]) -> bool:
@@ -93,13 +94,12 @@ def _faster(target, inplace: bool, shapes: Sequence[tuple]) -> bool:
     gen = torch.Generator().manual_seed(0)
     args = [torch.empty_strided(s, st, dtype=dt).copy_(
         torch.randn(s, generator=gen).to(dt)) for s, st, dt in shapes]
-    m, n = shapes[-2][0][0], shapes[-1][0][1]
-    out = torch.empty((m, n), dtype=shapes[-1][2])
     if inplace:
         ours, theirs = addmm_into, torch.Tensor.addmm_
     else:
         ours = CALLS[target]
         aten_fn = torch.mm if target is aten.mm.default else torch.addmm
+        out = torch.empty((shapes[-2][0][0], shapes[-1][0][1]), dtype=shapes[-1][2])
 
         def theirs(*xs):
             return aten_fn(*xs, out=out)
