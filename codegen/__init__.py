@@ -117,6 +117,18 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     return workers(min(config.triton_compile_workers, os.cpu_count() or 1, size))
 
 
+def prestart_workers(name: str, device: torch.device, config: "Config") -> None:
+    """trainc.compile of a model on CUDA with Triton: start the first graph's compile workers
+    (as many as compile_workers may ask for) and the lead's Triton preparation now."""
+    import os
+    if backend_name(name, device) != "triton" or device.type != "cuda":
+        return
+    from trainc.codegen.triton import interpreting
+    from trainc.codegen.triton.compile_pool import prestart
+    if not interpreting():
+        prestart(min(config.triton_compile_workers, os.cpu_count() or 1))
+
+
 class _CudaGraphs:
     """Any backend, its compiled graphs replayed as CUDA graphs."""
 

@@ -95,6 +95,13 @@ class Config:
     # faster (codegen/cpp/gemm.py; AMD EPYC dev box: 1.2-2x); "aten": always ATen's.
     # TRAINC_CPP_GEMM sets it.
     cpp_gemm: str = "auto"
+    # backend="triton" on CUDA: a backward compiled again at a call whose tangents arrive in a
+    # new expanded layout (out.sum()'s gradient) compiles in a background thread; until it is
+    # ready, those calls run the traced backward on a dense copy of the tangent (as Inductor
+    # does on every call): results within DESIGN.md's tolerance, not always the same bits as
+    # the variant's later. False (TRAINC_BACKGROUND_COMPILE=0): compile it then, and wait.
+    # trainc.runtime.wait_for_background_compiles() waits for them (benchmarks).
+    background_compile: bool = True
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
     # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only.
@@ -136,6 +143,7 @@ def _env_defaults() -> dict[str, Any]:
         "triton_precise_div": os.environ.get("TRAINC_TRITON_PRECISE_DIV", "0") not in ("", "0"),
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
         "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
+        "background_compile": os.environ.get("TRAINC_BACKGROUND_COMPILE", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
         "cudagraphs": {"0": False, "1": True}.get(os.environ.get("TRAINC_CUDAGRAPHS", "")),
     }

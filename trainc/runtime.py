@@ -6,6 +6,8 @@ other are regenerated as views, so they alias exactly as in eager mode.
 """
 from __future__ import annotations
 
+import warnings
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -39,32 +41,83 @@ class ExpandedBackwards:
     """The backward graph compiled again per layout of its expanded tangents (a stride-0 dim of
     size > 1), so it reads them as they are instead of getting a dense copy: `.contiguous()` of
     out.sum()'s gradient writes the whole output (1 GiB per step for normact float32 on the
-    H200) and, on CPU, page-faults it in."""
+    H200) and, on CPU, page-faults it in.
+
+    With `background` (triton on CUDA, Config.background_compile) a new layout compiles in a
+    thread: until it is ready, calls run the traced backward on a dense copy (eager's result
+    within DESIGN.md's tolerance, as always; not necessarily the same bits as the variant's).
+    H200 normact float32: this compile was ~1 s of a 3.4 s first call."""
 
     def __init__(self, compile_with: Optional[Callable[[list], CompiledGraph]],
-                 cache: Optional[tuple] = None):
+                 cache: Optional[tuple] = None, background: bool = False):
         # tangent strides (None: as traced) -> backward; None when the artifact came from the
         # disk cache (no graph to compile: only variants an earlier process stored are used)
         self.compile_with = compile_with
         self.cache = cache  # (artifact cache key, config)
-        self.graphs: dict[tuple, Optional[CompiledGraph]] = {}
+        self.background = background
+        self.graphs: dict[tuple, Any] = {}  # layout -> CompiledGraph, None or a pending Future
 
     def get(self, tangents: list) -> Optional[CompiledGraph]:
         key = tuple(tuple(t.stride()) if _expanded(t) else None for t in tangents)
         if not any(k is not None for k in key):
             return None
         if key not in self.graphs:
-            self.graphs[key] = self._make(key)
-        return self.graphs[key]
+            graph = self._load(key)
+            if graph is None and self.compile_with is not None:
+                if self.background:
+                    self.graphs[key] = _compile_in_background(self._compile, key)
+                    return None
+                graph = self._compile(key)
+            self.graphs[key] = graph
+        graph = self.graphs[key]
+        if isinstance(graph, futures.Future):
+            if not graph.done():
+                return None
+            graph = self.graphs[key] = _result(graph)
+        return graph
 
-    def _make(self, key: tuple) -> Optional[CompiledGraph]:
+    def _load(self, key: tuple) -> Optional[CompiledGraph]:
         from trainc import artifact_cache
         k, config = self.cache if self.cache is not None else (None, None)
-        graph = artifact_cache.load_variant(k, key, config)
-        if graph is None and self.compile_with is not None:
-            graph = self.compile_with(list(key))
-            artifact_cache.store_variant(k, key, graph, config)
+        return artifact_cache.load_variant(k, key, config)
+
+    def _compile(self, key: tuple) -> CompiledGraph:
+        from trainc import artifact_cache
+        k, config = self.cache if self.cache is not None else (None, None)
+        graph = self.compile_with(list(key))
+        artifact_cache.store_variant(k, key, graph, config)
         return graph
+
+
+_background: Optional[futures.ThreadPoolExecutor] = None
+_pending: list = []  # Futures of background compiles, for wait_for_background_compiles
+
+
+def _compile_in_background(fn: Callable, *args) -> futures.Future:
+    global _background
+    if _background is None:  # one thread: compiles run one after another, as in the caller
+        _background = futures.ThreadPoolExecutor(1, thread_name_prefix="trainc-compile")
+    fut = _background.submit(fn, *args)
+    _pending.append(fut)
+    return fut
+
+
+def _result(fut: futures.Future) -> Optional[CompiledGraph]:
+    """A finished background compile's graph; one that failed is reported and its calls keep
+    the dense copy (correct, only slower)."""
+    try:
+        return fut.result()
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"trainc: compiling the backward for expanded tangents failed "
+                      f"({type(e).__name__}: {e}); those calls keep a dense copy of the tangent")
+        return None
+
+
+def wait_for_background_compiles(timeout: Optional[float] = None) -> None:
+    """Wait until the compiles started in the background (ExpandedBackwards) have finished,
+    so the calls after this use what they made (benchmarks measure the steady state)."""
+    while _pending:
+        futures.wait([_pending.pop()], timeout)
 
 
 def _expanded(t: torch.Tensor) -> bool:

@@ -239,6 +239,16 @@ def workers(n: int) -> Iterator[None]:
         _active = None
 
 
+def prestart(n: int) -> None:
+    """Start `n` workers now, kept idle for the first graph (trainc.compile of a CUDA model: its
+    first call spends ~0.3 s in Dynamo before the backend runs, while the workers import Triton
+    and hash its files), unless a set at least that large is already kept."""
+    if n <= 1 or _active is not None or (_idle is not None and len(_idle.ins) >= n and
+                                         _idle.alive()):
+        return
+    _keep_idle(Workers(n))
+
+
 def _reuse(n: int) -> Optional[Workers]:
     global _idle
     with _lock:

@@ -159,8 +159,20 @@ def fork_workers(pairs: list[tuple[int, int]]) -> None:
         os.waitpid(pid, 0)
 
 
+def hash_triton() -> None:
+    """Compute the hash of Triton's own files that leads every cache key (`triton_key`, ~0.3 s:
+    reading and hashing libtriton) once, before the fork: each worker would otherwise pay it at
+    its first job, all at once, beside the lead's trace."""
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+    except Exception:  # noqa: BLE001 (another Triton: its first compile computes its keys)
+        pass
+
+
 def main() -> None:
     if len(sys.argv) > 1:
+        hash_triton()
         fork_workers([tuple(int(x) for x in a.split(",")) for a in sys.argv[1:]])
     else:
         serve(sys.stdin, sys.stdout)

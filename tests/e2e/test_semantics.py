@@ -276,6 +276,63 @@ def test_expanded_tangents_are_read_in_place():
     assert not [e.key for e in p.key_averages() if e.key == "aten::clone"]  # contiguous()
 
 
+def test_expanded_tangent_backward_compiles_in_background(monkeypatch):
+    """With background compiles (triton on CUDA by default; forced here) the first call with an
+    expanded tangent runs the traced backward on a dense copy while the variant compiles in a
+    thread; once it is ready, calls read the tangent in place. Gradients match eager throughout.
+    background_compile=False compiles it at that call (as cpp/aten by default)."""
+    import copy
+    import threading
+    from trainc import pipeline, runtime
+    monkeypatch.setattr(pipeline, "_compiles_in_background", lambda config, b, d: True)
+    release = threading.Event()
+    compile_for_tangents = pipeline._compile_for_tangents
+
+    def slow(*args):
+        release.wait(30)
+        return compile_for_tangents(*args)
+    monkeypatch.setattr(pipeline, "_compile_for_tangents", slow)
+    m = nn.Sequential(nn.LayerNorm(16), nn.GELU())
+    e, r = copy.deepcopy(m), copy.deepcopy(m).double()
+    c = _compile(m)
+    x = torch.randn(8, 16)
+
+    def check():
+        xc, xe, xr = (x.clone().to(dt).requires_grad_() for dt in (x.dtype, x.dtype, torch.double))
+        for fn, xi in ((c, xc), (e, xe), (r, xr)):
+            fn(xi).sum().backward()
+        assert_policy("x.grad", xc.grad, xe.grad, xr.grad)
+
+    def copies():
+        check()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            c(x).sum().backward()
+        return [k.key for k in p.key_averages() if k.key == "aten::clone"]
+    assert copies() and copies()  # pending: the dense copy, twice
+    release.set()
+    runtime.wait_for_background_compiles()
+    assert not copies()  # the variant now
+    assert not runtime._pending
+
+
+def test_failed_background_compile_warns_and_keeps_the_dense_copy(monkeypatch):
+    from trainc import pipeline, runtime
+    monkeypatch.setattr(pipeline, "_compiles_in_background", lambda config, b, d: True)
+
+    def broken(*args):
+        raise RuntimeError("no kernel today")
+    monkeypatch.setattr(pipeline, "_compile_for_tangents", broken)
+    c = _compile(nn.Sequential(nn.LayerNorm(16), nn.GELU()))
+    x = torch.randn(8, 16, requires_grad=True)
+    c(x).sum().backward()
+    runtime.wait_for_background_compiles()
+    g = x.grad.clone()
+    x.grad = None
+    with pytest.warns(UserWarning, match="no kernel today"):
+        c(x).sum().backward()
+    torch.testing.assert_close(x.grad, g, rtol=0, atol=0)
+
+
 def test_double_backward_raises_clear_error():
     c = _compile(lambda x: (x ** 3).sum())
     x = torch.randn(3, requires_grad=True)

@@ -373,3 +373,55 @@ def test_the_lead_prepares_triton_while_workers_start(monkeypatch):
     launch.Precompile([], None, 0).finish()
     assert loaded.is_set()
     pool.close()
+
+
+class _FakeWorkers:
+    """Stands in for a started Workers set of `n`."""
+    started = 0
+
+    def __init__(self, n):
+        _FakeWorkers.started += 1
+        self.ins, self.closed = [None] * n, False
+
+    def alive(self):
+        return not self.closed
+
+    def close(self):
+        self.closed = True
+
+
+def test_workers_started_at_compile_serve_the_first_graph(monkeypatch):
+    """trainc.compile of a CUDA model starts the compile workers (codegen.prestart_workers), so
+    they import Triton and hash its files during Dynamo's work before the first graph; the
+    first graph's `workers` block takes that set; a second prestart starts none."""
+    from trainc.codegen.triton import compile_pool
+    monkeypatch.setattr(compile_pool, "Workers", _FakeWorkers)
+    monkeypatch.setattr(compile_pool, "_active", None)
+    monkeypatch.setattr(compile_pool, "_idle", None)
+    _FakeWorkers.started = 0
+    compile_pool.prestart(8)
+    compile_pool.prestart(8)
+    kept = compile_pool._idle
+    assert _FakeWorkers.started == 1 and len(kept.ins) == 8
+    with compile_pool.workers(5):
+        assert compile_pool._active is kept
+    assert _FakeWorkers.started == 1
+    compile_pool.shutdown()
+    assert kept.closed
+
+
+def test_prestart_only_for_triton_on_cuda(monkeypatch):
+    import trainc.codegen as codegen
+    from trainc.codegen.triton import compile_pool
+    seen = []
+    monkeypatch.setattr(compile_pool, "prestart", seen.append)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    config = Config(triton_compile_workers=3)
+    codegen.prestart_workers("auto", torch.device("cpu"), config)
+    codegen.prestart_workers("aten", torch.device("cuda"), config)
+    assert seen == []
+    codegen.prestart_workers("auto", torch.device("cuda"), config)
+    assert seen == [min(3, os.cpu_count() or 1)]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter compiles nothing ahead
+    codegen.prestart_workers("triton", torch.device("cuda"), config)
+    assert len(seen) == 1
