@@ -85,6 +85,8 @@ class ExpandedBackwards:
         from trainc import artifact_cache
         k, config = self.cache if self.cache is not None else (None, None)
         graph = self.compile_with(list(key))
+        if self.background:  # its kernels too (codegen/triton _FirstRun), not at its first call
+            getattr(graph.run, "prepare", lambda: None)()
         artifact_cache.store_variant(k, key, graph, config)
         return graph
 

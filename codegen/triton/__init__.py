@@ -127,10 +127,15 @@ class _FirstRun:
         self.run, self.pending = run, pending
 
     def __call__(self, args: list) -> list:
+        self.prepare()
+        return self.run(args)
+
+    def prepare(self) -> None:
+        """Finish the precompile now (a graph compiled in the background is ready only when
+        its kernels are: its first call must not wait for them)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending.finish()
-        return self.run(args)
 
 
 class _Kernels:

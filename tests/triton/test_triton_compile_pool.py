@@ -425,3 +425,29 @@ def test_prestart_only_for_triton_on_cuda(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter compiles nothing ahead
     codegen.prestart_workers("triton", torch.device("cuda"), config)
     assert len(seen) == 1
+
+
+def test_a_background_compile_is_ready_only_with_its_kernels():
+    """A backward compiled in the background (runtime.ExpandedBackwards) finishes its kernels'
+    precompile in that thread (codegen/triton _FirstRun.prepare): H200 normact float32, the
+    call after the first waited 0.9 s for them when only the codegen ran in the background."""
+    import threading
+    from trainc.codegen import CompiledGraph
+    from trainc.codegen.triton import _FirstRun
+    from trainc.runtime import ExpandedBackwards, wait_for_background_compiles
+    finished = []
+
+    class Pending:
+        submitted = 1
+
+        def finish(self):
+            finished.append(threading.current_thread() is not threading.main_thread())
+
+    graph = CompiledGraph(_FirstRun(lambda args: args, Pending()))
+    variants = ExpandedBackwards(lambda strides: graph, background=True)
+    tangent = torch.ones(()).expand(4, 3)
+    assert variants.get([tangent]) is None  # compiling
+    wait_for_background_compiles()
+    assert variants.get([tangent]) is graph and finished == [True]
+    graph.run([])
+    assert finished == [True]  # not again at the first call
