@@ -38,6 +38,19 @@ def test_replay_refuses_masks_it_cannot_see():
     assert torch.equal(ok, y[1:2])
 
 
+def test_replay_refuses_a_dropout_output_written_later():
+    """A program that writes into a dropout's output through a view returns the written value:
+    its mask cannot be read back from it (nightly finding programs_cpp_0_0_20261806)."""
+    from trainc.testing import ReplayFunctional, UnreplayableDropout
+    x = torch.tensor(3.0)
+    f = ReplayFunctional([torch.tensor(3.0)])  # recorded: dropped (0), then + 3 through a view
+    y = f.dropout(x, 0.9)
+    f.check_unmutated()  # not written yet
+    y.flatten().add_(x)
+    with pytest.raises(UnreplayableDropout, match="written in place"):
+        f.check_unmutated()
+
+
 def test_module_replay_refuses_masks_it_cannot_see():
     """The module-stack oracle's ReplayDropout refuses as ReplayFunctional does: a bf16 stack
     can feed an exact 0 to a Dropout (findings modules_cpp_None_20261016, _0_5_20261421)."""
