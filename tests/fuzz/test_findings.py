@@ -27,7 +27,9 @@ UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at
     "programs_cpp_0_0_20261806": "(session 18 local nightly, bf16, 0-d inputs) v17 = "
     "F.dropout(v9, p=0.9), then v20 = v17.flatten(); v20.add_(v9): the write through the view "
     "changes v17, the returned output, after the dropout. The compiled run dropped it (0 + v9); "
-    "the replay read the nonzero output as kept (11 v9 against v9: err 0.909). The replay now "
+    "the replay read the nonzero output as kept (11 v9 against v9: err 0.909). v17 is 1-d, so "
+    "flatten() returned v17 itself (no _base) and the generator took v20 for a new value. "
+    "Now the generator freezes any value sharing a frozen one's storage, and the replay "
     "refuses dropout outputs written in place later (ReplayFunctional.check_unmutated)",
     "modules_cpp_None_20261016": "(session 10/11 local nightly, module stacks) bf16 "
     "Conv2d(4,4,3) + residual, Flatten, Dropout(0.1), BatchNorm1d(100) over a batch of 4, "

@@ -51,6 +51,19 @@ def test_replay_refuses_a_dropout_output_written_later():
         f.check_unmutated()
 
 
+def test_builder_never_mutates_a_dropout_output_returned_itself():
+    """flatten() of a 1-d dropout output returns that tensor itself (no _base): it is as
+    frozen as a view would be (the finding above was generated this way)."""
+    import torch.nn.functional  # noqa: F401
+    from trainc.testing import ops
+    from trainc.testing.programs import _Builder
+    b = _Builder(torch.float32, [torch.randn(3)])
+    b.add(ops.Line("F.dropout(x0, p=0.5)", ("x0",), "dropout"))
+    b.add(ops.Line("v0.flatten()", ("v0",)))
+    b.add(ops.Line("x0 * 2", ("x0",)))
+    assert b.env["v1"] is b.env["v0"] and {"v0", "v1"} <= b.frozen and "v2" not in b.frozen
+
+
 def test_module_replay_refuses_masks_it_cannot_see():
     """The module-stack oracle's ReplayDropout refuses as ReplayFunctional does: a bf16 stack
     can feed an exact 0 to a Dropout (findings modules_cpp_None_20261016, _0_5_20261421)."""

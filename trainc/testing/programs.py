@@ -220,7 +220,8 @@ class _Builder:
                 return
             self.env[name] = v
             self.names.append(name)
-            if v._base is not None and any(_same_storage(v, self.env[u]) for u in self.frozen):
+            # a view of a frozen value, or that value itself (flatten() of a 1-d tensor)
+            if any(_same_storage(v, self.env[u]) for u in self.frozen):
                 self.frozen.add(name)
             if line.kind == "dropout":
                 self.dropouts.append(name)
