@@ -20,6 +20,7 @@ two-pass split took 4, and no read of x waits for the global mean.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import sympy
@@ -37,6 +38,7 @@ SPLIT_OPS = ("sum", "prod", "max", "min")
 def split_reductions(g: LoweredGraph) -> LoweredGraph:
     steps, split = [], {}
     for n in g.steps:
+        n = _as_two_dims(n)
         if _worth(n):
             parts = _split_variance(g, n, split)
             steps += parts if parts is not None else _split(g, n)
@@ -52,6 +54,29 @@ def _worth(n) -> bool:
             and len(n.shape) > 0 and len(n.rshape) >= 2 and n.rshape[0] >= SPLIT_MIN_OUTER
             and math.prod(n.shape) <= SPLIT_MAX_OUTPUTS
             and math.prod(n.rshape) >= SPLIT_MIN_ELEMENTS)
+
+
+SPLIT_ONE_DIM_PARTS = 64  # a single reduced dim is cut into at most this many parts ...
+SPLIT_ONE_DIM_MIN_PART = 1024  # ... of at least this many elements
+
+
+def _as_two_dims(n):
+    """A reduction over one long dim (normact's LayerNorm weight and bias gradients: 65536
+    rows into each of 4096 columns, one program per few columns, 46% of 4.3 TB/s in float32
+    and 25% in bf16 on the H200) as the same reduction over (parts, rows per part), so
+    _split can spread it: r = s * (R / parts) + r'. Other nodes are returned as they are."""
+    if not (isinstance(n, ComputeNode) and n.kind == "reduction" and n.reduce_op in SPLIT_OPS
+            and len(n.shape) > 0 and len(n.rshape) == 1 and n.rshape[0] >= SPLIT_MIN_ELEMENTS
+            and math.prod(n.shape) <= SPLIT_MAX_OUTPUTS):
+        return n
+    total, parts = n.rshape[0], SPLIT_ONE_DIM_PARTS
+    while parts >= SPLIT_MIN_OUTER and (total % parts or total // parts < SPLIT_ONE_DIM_MIN_PART):
+        parts //= 2
+    if parts < SPLIT_MIN_OUTER:
+        return n
+    k, fn = total // parts, n.fn
+    return dataclasses.replace(n, rshape=(parts, k),
+                               fn=lambda i, r: fn(i, [r[0] * k + r[1]]))
 
 
 def _split(g: LoweredGraph, n: ComputeNode) -> list[ComputeNode]:

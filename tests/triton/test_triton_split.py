@@ -90,6 +90,27 @@ def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypat
                                 atol=1e-5).source
 
 
+def test_one_long_reduced_dim_splits_into_parts(monkeypatch):
+    """Column sums over many rows (normact's LayerNorm weight and bias gradients: 65536 rows
+    into each of 4096 columns, one program per few columns) are cut into parts of rows first:
+    part[s, i] over rows s * k .. s * k + k - 1, then out[i] over s; a variance over the rows
+    after its mean takes the parallel form. Rows that do not divide into parts stay whole."""
+    from trainc.codegen import split_reductions as sr
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 256)
+    monkeypatch.setattr(sr, "SPLIT_ONE_DIM_MIN_PART", 16)
+    x, g = _big(512, 6), _big(512, 6)
+    x[7, 2] = float("nan")
+    f = lambda x, g: ((g * x).sum(0), g.sum(0), x.amax(0), *torch.var_mean(g, dim=0))
+    c = check(f, x, g, rtol=1e-4, atol=1e-5)
+    parts = set(re.findall(r"(buf\d+_part)\b", c.source))
+    assert len(parts) >= 4, parts
+    assert re.search(r"empty\(\(32, 6\)", c.source), "512 rows in 32 parts of 16"
+    odd = check(lambda g: g.sum(0), _big(509, 6), rtol=1e-4, atol=1e-5)
+    assert "_part" not in odd.source
+    monkeypatch.setattr(sr, "SPLIT_ONE_DIM_MIN_PART", 1 << 20)
+    assert "_part" not in check(lambda g: g.sum(0), g, rtol=1e-4, atol=1e-5).source
+
+
 def test_variance_after_its_mean_splits_the_parallel_way(monkeypatch):
     """var_mean / batch-norm statistics over many elements: the partials of the sum, of the
     deviations from each part's own mean and of their squares in one kernel, the totals
