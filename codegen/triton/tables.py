@@ -1,12 +1,14 @@
-"""GELU (exact or tanh-approximated) of a bfloat16/float16 value as a lookup in a table of its 65536 results
-(Config.triton_lookup_tables).
+"""GELU (exact or tanh-approximated) of a bfloat16/float16 value as a lookup in a table of its
+65536 results (Config.triton_lookup_tables).
 
 A 16-bit GELU's input is a 16-bit value (every lowered node's result is rounded to its dtype,
 as eager rounds each op's output), so there are only 65536 inputs. The table holds eager's own
 result for each, computed once at compile time by eager's kernel on the graph's device: the
 lookup is eager's result bit for bit. The backward's table holds the float32 derivative
 (cdf + x * pdf) that eager multiplies the incoming gradient by, computed by eager's float32
-gelu_backward with a gradient of 1 (exact: 1 * d = d).
+gelu_backward with a gradient of 1 (exact: 1 * d = d); the graph keeps the exact GELU's
+backward whole for it (decomps.table_for). NaN results may carry another sign or payload than
+eager's (eager's own CPU kernels differ there between their vector and scalar paths).
 
 Why: libdevice's exact erf is ~29 of the 66 SASS instructions per element of normact's bf16
 forward kernel (BENCHMARKS.md, session 18); the lookup is ~5 (41.5 per element in all).
@@ -22,7 +24,7 @@ from trainc.codegen.lowerings.common import cast, opmath
 
 aten = torch.ops.aten
 CODE = {torch.bfloat16: "bf16_code", torch.float16: "f16_code"}
-_tables: dict[tuple, torch.Tensor] = {}  # (what, dtype, device) -> table
+_tables: dict[tuple, torch.Tensor] = {}  # (what, approximate, dtype, device) -> table
 
 
 def table(what: str, dtype: torch.dtype, device: torch.device,
