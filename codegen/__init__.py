@@ -117,9 +117,18 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     return workers(min(config.triton_compile_workers, os.cpu_count() or 1, size))
 
 
+def prestart_for(model_or_fn, config: "Config") -> None:
+    """trainc.compile / compile_step of a module with CUDA parameters: its Triton compile
+    workers start now, beside Dynamo's work before the first graph reaches the backend."""
+    params = model_or_fn.parameters() if isinstance(model_or_fn, torch.nn.Module) else ()
+    first = next(iter(params), None)
+    if first is not None and first.device.type == "cuda":
+        prestart_workers(config.backend, first.device, config)
+
+
 def prestart_workers(name: str, device: torch.device, config: "Config") -> None:
-    """trainc.compile of a model on CUDA with Triton: start the first graph's compile workers
-    (as many as compile_workers may ask for) and the lead's Triton preparation now."""
+    """Triton on CUDA: start the first graph's compile workers (as many as compile_workers
+    may ask for) and the lead's Triton preparation now."""
     import os
     if backend_name(name, device) != "triton" or device.type != "cuda":
         return

@@ -9,7 +9,7 @@ import torch
 
 from trainc import records
 from trainc.capture import dynamo_backend
-from trainc.codegen import KernelInfo, prestart_workers
+from trainc.codegen import KernelInfo, prestart_for
 from trainc.config import make_config
 from trainc.partition import Decision
 
@@ -21,19 +21,10 @@ def compile(model_or_fn: Callable, *, backend: str = "auto", memory_budget: Any 
         raise TypeError(f"trainc.compile expects an nn.Module or a function, "
                         f"got {type(model_or_fn).__name__}")
     config = make_config(backend, memory_budget, **options)
-    _prestart_workers(model_or_fn, config)
+    prestart_for(model_or_fn, config)  # Triton compile workers, for a CUDA module
     # Static shapes: a new shape recompiles (Dynamo guards) rather than going symbolic.
     return torch.compile(model_or_fn, backend=functools.partial(dynamo_backend, config=config),
                          dynamic=False)
-
-
-def _prestart_workers(model_or_fn: Callable, config) -> None:
-    """A module with CUDA parameters: its Triton compile workers start now, beside Dynamo's
-    work before the first graph reaches the backend (codegen.prestart_workers)."""
-    params = model_or_fn.parameters() if isinstance(model_or_fn, torch.nn.Module) else ()
-    first = next(iter(params), None)
-    if first is not None and first.device.type == "cuda":
-        prestart_workers(config.backend, first.device, config)
 
 
 @dataclass(frozen=True)

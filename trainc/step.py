@@ -16,7 +16,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import attention, debug, decomps, records, rng
-from trainc.codegen import CompiledGraph, backend_name, compile_workers, get_backend
+from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
+                            prestart_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config, make_config
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
@@ -368,4 +369,5 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
     config = make_config(backend, memory_budget, **options)
+    prestart_for(model, config)  # Triton compile workers, for a CUDA module
     return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)

@@ -451,3 +451,26 @@ def test_a_background_compile_is_ready_only_with_its_kernels():
     assert variants.get([tangent]) is graph and finished == [True]
     graph.run([])
     assert finished == [True]  # not again at the first call
+
+
+def test_compile_and_compile_step_prestart_for_a_cuda_module(monkeypatch):
+    """trainc.compile and compile_step start the workers for a module whose parameters are on
+    CUDA (codegen.prestart_for), not for CPU modules or functions."""
+    import types
+    import trainc
+    import trainc.codegen as codegen
+    seen = []
+    monkeypatch.setattr(codegen, "prestart_workers", lambda name, device, config:
+                        seen.append(device.type))
+
+    class OnCuda(torch.nn.Module):
+        def parameters(self, recurse=True):
+            yield types.SimpleNamespace(device=torch.device("cuda"))
+    codegen.prestart_for(OnCuda(), Config())
+    codegen.prestart_for(torch.nn.Linear(2, 2), Config())
+    codegen.prestart_for(lambda x: x, Config())
+    assert seen == ["cuda"]
+    trainc.compile(torch.nn.Linear(2, 2))
+    m = torch.nn.Linear(2, 2)
+    trainc.compile_step(m, lambda mod, x: mod(x).sum(), torch.optim.SGD(m.parameters(), 0.1))
+    assert seen == ["cuda"]
