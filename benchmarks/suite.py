@@ -135,9 +135,9 @@ def first_call_child(mode: str, name: str, a) -> None:
     print(json.dumps({"first_s": time.perf_counter() - t0}), flush=True)
     if mode == "trainc":
         runtime.wait_for_background_compiles()
-    if mode == "trainc" and device == "cuda":  # idle compile workers would outlive the print
-        from trainc.codegen.triton import compile_pool
-        compile_pool.shutdown()
+        if device == "cuda":  # idle compile workers would outlive the print
+            from trainc.codegen.triton import compile_pool
+            compile_pool.shutdown()
 
 
 def kernel_bandwidth(step, top: int = 3, reps: int = 5) -> list[dict]:

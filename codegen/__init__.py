@@ -99,6 +99,20 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
     return backend
 
 
+def compiles_natively_on_cuda(name: str, device: torch.device) -> bool:
+    """Triton on CUDA, not under the interpreter: where kernels compile in worker processes
+    (codegen/triton/compile_pool) and a compile can run beside the GPU's work."""
+    if backend_name(name, device) != "triton" or device.type != "cuda":
+        return False
+    from trainc.codegen.triton import interpreting
+    return not interpreting()
+
+
+def _max_workers(config: "Config") -> int:
+    import os
+    return min(config.triton_compile_workers, os.cpu_count() or 1)
+
+
 def compile_workers(name: str, device: torch.device, config: "Config", size: int):
     """A context for one graph's compile: on CUDA with Triton, its compile worker processes
     start here, so they start while the graph is traced (codegen/triton/compile_pool); one per
@@ -107,14 +121,10 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     graphs, most with two or three launch configs to compile: at one worker per 4 nodes
     (before), H200 normact's 8 compiles ran 4 deep in 2 workers (~4 s of a 5.5 s first call)."""
     import contextlib
-    import os
-    if backend_name(name, device) != "triton" or device.type != "cuda":
+    if not compiles_natively_on_cuda(name, device):
         return contextlib.nullcontext()
-    from trainc.codegen.triton import interpreting
     from trainc.codegen.triton.compile_pool import workers
-    if interpreting():
-        return contextlib.nullcontext()
-    return workers(min(config.triton_compile_workers, os.cpu_count() or 1, size))
+    return workers(min(_max_workers(config), size))
 
 
 def prestart_for(model_or_fn, config: "Config") -> None:
@@ -129,13 +139,9 @@ def prestart_for(model_or_fn, config: "Config") -> None:
 def prestart_workers(name: str, device: torch.device, config: "Config") -> None:
     """Triton on CUDA: start the first graph's compile workers (as many as compile_workers
     may ask for) and the lead's Triton preparation now."""
-    import os
-    if backend_name(name, device) != "triton" or device.type != "cuda":
-        return
-    from trainc.codegen.triton import interpreting
-    from trainc.codegen.triton.compile_pool import prestart
-    if not interpreting():
-        prestart(min(config.triton_compile_workers, os.cpu_count() or 1))
+    if compiles_natively_on_cuda(name, device):
+        from trainc.codegen.triton.compile_pool import prestart
+        prestart(_max_workers(config))
 
 
 class _CudaGraphs:

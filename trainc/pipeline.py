@@ -13,7 +13,8 @@ import torch.fx as fx
 
 from trainc import artifact_cache, debug, decomps, records
 from trainc.accumulate import accumulating_backward, plan_accumulation
-from trainc.codegen import backend_name, compile_workers, get_backend
+from trainc.codegen import (backend_name, compile_workers, compiles_natively_on_cuda,
+                            get_backend)
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config
 from trainc.graph import InputKind
@@ -87,7 +88,8 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
-        background=_compiles_in_background(config, backend.name, _device(args))) \
+        background=config.background_compile and  # where compiles are slow, the GPU busy
+        compiles_natively_on_cuda(backend.name, _device(args))) \
         if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
@@ -119,15 +121,6 @@ def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, stri
     finally:
         for node, val in zip(tangents, traced):
             node.meta["val"] = val
-
-
-def _compiles_in_background(config: Config, backend: str, device: torch.device) -> bool:
-    """Config.background_compile applies where compiles are slow and the GPU runs meanwhile:
-    triton on CUDA (not under the interpreter, whose tests want one result per layout)."""
-    if not config.background_compile or backend != "triton" or device.type != "cuda":
-        return False
-    from trainc.codegen.triton import interpreting
-    return not interpreting()
 
 
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")

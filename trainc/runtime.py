@@ -78,17 +78,20 @@ class ExpandedBackwards:
 
     def _load(self, key: tuple) -> Optional[CompiledGraph]:
         from trainc import artifact_cache
-        k, config = self.cache if self.cache is not None else (None, None)
+        k, config = self._cache_key()
         return artifact_cache.load_variant(k, key, config)
 
     def _compile(self, key: tuple) -> CompiledGraph:
         from trainc import artifact_cache
-        k, config = self.cache if self.cache is not None else (None, None)
         graph = self.compile_with(list(key))
         if self.background:  # its kernels too (codegen/triton _FirstRun), not at its first call
             getattr(graph.run, "prepare", lambda: None)()
+        k, config = self._cache_key()
         artifact_cache.store_variant(k, key, graph, config)
         return graph
+
+    def _cache_key(self) -> tuple:
+        return self.cache if self.cache is not None else (None, None)
 
 
 _background: Optional[futures.ThreadPoolExecutor] = None

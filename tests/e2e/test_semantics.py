@@ -284,7 +284,7 @@ def test_expanded_tangent_backward_compiles_in_background(monkeypatch):
     import copy
     import threading
     from trainc import pipeline, runtime
-    monkeypatch.setattr(pipeline, "_compiles_in_background", lambda config, b, d: True)
+    monkeypatch.setattr(pipeline, "compiles_natively_on_cuda", lambda name, device: True)
     release = threading.Event()
     compile_for_tangents = pipeline._compile_for_tangents
 
@@ -317,7 +317,7 @@ def test_expanded_tangent_backward_compiles_in_background(monkeypatch):
 
 def test_failed_background_compile_warns_and_keeps_the_dense_copy(monkeypatch):
     from trainc import pipeline, runtime
-    monkeypatch.setattr(pipeline, "_compiles_in_background", lambda config, b, d: True)
+    monkeypatch.setattr(pipeline, "compiles_natively_on_cuda", lambda name, device: True)
 
     def broken(*args):
         raise RuntimeError("no kernel today")
