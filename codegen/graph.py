@@ -368,21 +368,12 @@ class GraphLowering:
             v = getattr(self.gm, node.target)
         if not isinstance(v, torch.Tensor):
             return v
-        if kind == "const":
-            return self.constant(v)
         name = self.new_buffer(v.shape, v.dtype, kind, v.stride(), prefix="arg")
-        self.g.inputs.append(name)
-        self._input_bufs[node.name] = name
-        return self.load(name)
-
-    def constant(self, value: torch.Tensor) -> TensorValue:
-        """A tensor the compiled graph holds and its kernels read (a get_attr constant, or a
-        lookup table a lowering makes: codegen/triton/tables.py)."""
-        for name, held in self.g.consts.items():  # one buffer per tensor (a table reused)
-            if held is value:
-                return self.load(name)
-        name = self.new_buffer(value.shape, value.dtype, "const", value.stride(), prefix="arg")
-        self.g.consts[name] = value
+        if kind == "const":
+            self.g.consts[name] = v
+        else:
+            self.g.inputs.append(name)
+            self._input_bufs[node.name] = name
         return self.load(name)
 
     def _call(self, node: fx.Node, lowerings: dict, is_extern: Callable) -> Any:

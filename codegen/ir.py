@@ -168,13 +168,8 @@ add sub mul truediv floordiv remainder neg abs maximum minimum pow
 exp exp2 expm1 log log2 log1p sqrt rsqrt sin cos tan tanh sigmoid erf erfc atan asin acos
 sinh cosh floor ceil round trunc sign reciprocal isnan isinf
 eq ne lt le gt ge and or xor not bitwise_and bitwise_or bitwise_xor bitwise_not
-lshift rshift where cast philox_uniform bf16_code f16_code
+lshift rshift where cast philox_uniform
 """.split())
-
-
-# bf16_code / f16_code: the 16-bit pattern (int32, 0..65535) of a bfloat16 / float16 value
-# held exactly in the compute dtype (a rounded or loaded 16-bit value): the index into a
-# lookup table of that dtype's 65536 values (codegen/triton/tables.py)
 
 
 TRANSCENDENTAL = frozenset("""

@@ -85,12 +85,6 @@ class Config:
     # TRAINC_TRITON_PRECISE_DIV=1 turns it on. Always IEEE: floor-division, remainder, a
     # quotient that is floored/rounded/cast to an integer/compared, division by a constant.
     triton_precise_div: bool = False
-    # backend="triton": GELU (and its backward's derivative) of bfloat16/float16 values as a
-    # lookup in a table of eager's own results for all 65536 values, computed at compile time
-    # on the device (codegen/triton/tables.py): eager's bits, without libdevice's erf (~29 of
-    # 66 SASS instructions per element of normact's bf16 forward). Off until measured on the
-    # GPU (TRAINC_TRITON_LOOKUP_TABLES=1 turns it on).
-    triton_lookup_tables: bool = False
     # backend="triton" on CUDA: processes (at most one per CPU and per captured graph node,
     # started before tracing) and threads compiling a graph's kernels concurrently at compile
     # time instead of one by one at their first launch (0 or 1: no precompile;
@@ -148,7 +142,6 @@ def _env_defaults() -> dict[str, Any]:
         "cache_artifacts": os.environ.get("TRAINC_CACHE_ARTIFACTS", "1") not in ("", "0"),
         "triton_precise_div": os.environ.get("TRAINC_TRITON_PRECISE_DIV", "0") not in ("", "0"),
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
-        "triton_lookup_tables": os.environ.get("TRAINC_TRITON_LOOKUP_TABLES", "0") not in ("", "0"),
         "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
         "background_compile": os.environ.get("TRAINC_BACKGROUND_COMPILE", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),

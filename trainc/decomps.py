@@ -1,7 +1,6 @@
 """The decomposition table trainc owns: ATen -> core ATen, minus ops codegen wants whole.
 
-Kept whole: matmuls, convolutions and attention (extern kernels); with lookup tables on, the
-exact GELU's backward too. Random ops become the
+Kept whole: matmuls, convolutions and attention (extern kernels). Random ops become the
 counter-based `trainc.philox_uniform` (see rng.py). Batch norm goes through its functional
 form so running-stat updates show up as input mutations.
 """
@@ -52,16 +51,6 @@ def _soft_margin_loss_backward(grad_output, self, target, reduction=1):
     return out.to(self.dtype)
 
 
-def _gelu_backward(core: Callable) -> Callable:
-    """gelu_backward kept whole for the exact GELU, the tanh form decomposed as before
-    (TABLE_GELU_WHOLE)."""
-    def decompose(grad_output, self, approximate="none"):
-        if approximate == "none":
-            return NotImplemented  # make_fx then records the op itself
-        return core(grad_output, self, approximate=approximate)
-    return decompose
-
-
 def build_table() -> dict[torch._ops.OpOverload, Callable]:
     table = {**core_aten_decompositions(), **get_decompositions(list(_EXTRA))}
     for op in _overloads(EXTERN_OPS):
@@ -72,13 +61,3 @@ def build_table() -> dict[torch._ops.OpOverload, Callable]:
 
 
 TABLE = build_table()
-# Config.triton_lookup_tables on triton: the exact GELU's backward stays one op, whose
-# derivative the backend reads from a table for 16-bit inputs (codegen/triton/tables.py;
-# codegen's lowering computes what the decomposition computes, in the same order)
-TABLE_GELU_WHOLE = {**TABLE, aten.gelu_backward.default:
-                    _gelu_backward(TABLE[aten.gelu_backward.default])}
-
-
-def table_for(config, backend: str) -> dict:
-    """The decomposition table for graphs compiled with `config` on `backend` (resolved)."""
-    return TABLE_GELU_WHOLE if backend == "triton" and config.triton_lookup_tables else TABLE

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.fx as fx
@@ -42,10 +42,8 @@ class _Analysis:
 
 
 def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
-                training: bool, fuse_attention: bool = True,
-                decompositions: Optional[dict] = None) -> JointGraph:
-    """Trace `gm(*args)` (and, when training, its backward) into a functional joint graph
-    (`decompositions`: decomps.TABLE unless given)."""
+                training: bool, fuse_attention: bool = True) -> JointGraph:
+    """Trace `gm(*args)` (and, when training, its backward) into a functional joint graph."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     requires_grad = [training and isinstance(a, torch.Tensor) and a.requires_grad for a in args]
@@ -56,7 +54,7 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
         tangents = list(info.tangent_examples) if training else []
     fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
-        functional = trace_functional(fn, *fakes, seed, *tangents, decompositions=decompositions)
+        functional = trace_functional(fn, *fakes, seed, *tangents)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
     for i in mutated:
         if requires_grad[i] and training:
@@ -74,14 +72,13 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
     return JointGraph(functional, sig, rewrites[0])
 
 
-def trace_functional(fn, *args, decompositions: Optional[dict] = None) -> fx.GraphModule:
+def trace_functional(fn, *args) -> fx.GraphModule:
     """fn traced by make_fx with trainc's decompositions, then again under functionalization
     when that graph writes anything (the module docstring's two traces; also compile_step's)."""
-    table = decomps.TABLE if decompositions is None else decompositions
-    gm = make_fx(fn, decomposition_table=table)(*args)
+    gm = make_fx(fn, decomposition_table=decomps.TABLE)(*args)
     if _writes(gm):
         gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
-                     decomposition_table=table)(*args)
+                     decomposition_table=decomps.TABLE)(*args)
     return gm
 
 

@@ -11,10 +11,9 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import artifact_cache, debug, decomps, records
+from trainc import artifact_cache, debug, records
 from trainc.accumulate import accumulating_backward, plan_accumulation
-from trainc.codegen import (backend_name, compile_workers, compiles_natively_on_cuda,
-                            get_backend)
+from trainc.codegen import compile_workers, compiles_natively_on_cuda, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config
 from trainc.graph import InputKind
@@ -68,8 +67,7 @@ def no_cyclic_gc():
 def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], training: bool,
              config: Config, gid: int, t0: float) -> tuple[Artifact, records.GraphRecord]:
     dump = debug.Dumper(config, gid)
-    joint = trace_joint(gm, args, kinds, training, config.fuse_attention,
-                        decomps.table_for(config, backend_name(config.backend, _device(args))))
+    joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
     backend = get_backend(config.backend, _device(args), config)

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainc import attention, debug, decomps, records, rng
+from trainc import attention, debug, records, rng
 from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
                             prestart_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
@@ -222,8 +222,7 @@ class CompiledStep:
         with mode:
             extra = [torch.empty((), device=_device(flat))] if tangent else []
             extra.append(torch.empty((), dtype=torch.int64))
-            gm = trace_functional(fn, *fakes, *extra, decompositions=decomps.table_for(
-                self.config, backend_name(self.config.backend, _device(flat))))
+            gm = trace_functional(fn, *fakes, *extra)
         has_rng, mutated = finish_graph(gm, len(flat) + tangent, 0)
         if tangent:
             ph = [n for n in gm.graph.nodes if n.op == "placeholder"][len(flat)]

@@ -15,7 +15,6 @@ static inline uint16_t f2bf(float f) {
 }
 static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
 static inline float round_f16(float f) { return (float)(_Float16)f; }
-static inline int32_t tc_f16_code(float f) { _Float16 h = (_Float16)f; uint16_t u; std::memcpy(&u, &h, 2); return u; }
 
 // NaN-propagating: a NaN b fails the compare and is picked; two selects keep loops vectorizable
 template <typename T> static inline T tc_max(T a, T b) { T m = a > b ? a : b; return (a != a) ? a : m; }

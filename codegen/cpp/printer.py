@@ -147,7 +147,6 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype]) -> str:
         "sigmoid": f"(({t})1 / (({t})1 + tc_exp(-{a[0]})))",
         "where": f"({a[0]} ? {a[1]} : {a[2]})" if len(a) == 3 else "",
         "philox_uniform": f"philox_uniform({a[0]}, {a[1]})" if len(a) == 2 else "",
-        "bf16_code": f"((int32_t)f2bf((float){a[0]}))", "f16_code": f"tc_f16_code((float){a[0]})",
     }
     if n in simple:
         return simple[n]

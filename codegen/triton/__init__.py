@@ -21,7 +21,6 @@ from trainc.codegen.storage import plan_storage
 from trainc.codegen.triton.launch import (Launcher, begin_call, end_call, load_module,
                                           precompile)
 from trainc.codegen.triton.printer import PERSISTENT_LIMIT, PRELUDE, kernel_source
-from trainc.codegen.triton.tables import TABLE_LOWERINGS
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
@@ -63,9 +62,7 @@ class TritonBackend:
         channels_last = self.config.conv_channels_last
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
-        lowerings = {**LOWERINGS, **TABLE_LOWERINGS} if self.config.triton_lookup_tables \
-            else LOWERINGS
-        lowered = lower(gm, lowerings, is_extern, channels_last, store_scalars=True)
+        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).

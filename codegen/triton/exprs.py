@@ -118,11 +118,6 @@ def op_code(e: ir.Op, a: list[str], dts: list[torch.dtype], precise_div: bool = 
         "sign": lambda: f"_sign({a[0]})",
         "philox_uniform": lambda: f"tl.rand({a[0]}, {a[1]}.to(tl.uint32))",
         "cast": lambda: cast_code(a[0], dts[0], e.dtype),
-        # an exact bfloat16 value's bits are the high half of its float32 bits
-        "bf16_code": lambda: f"(({a[0]}).to(tl.float32).to(tl.uint32, bitcast=True) >> 16)"
-        ".to(tl.int32)",
-        "f16_code": lambda: f"(({a[0]}).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) "
-        "& 0xFFFF)",
     }
     if n in simple:
         return simple[n]()
