@@ -51,14 +51,14 @@ class GraphRunner:
     def __call__(self, *args: Any) -> list:
         training = torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        key = (training, tuple(_arg_key(a) for a in args))
+        key = (training, _args_key(args))
         art = self.cache.get(key)
         if art is None:
             art = self.cache[key] = compile_graph(self.gm, args, self.kinds, training, self.config)
         return runtime.run(art, args)
 
 
-def _arg_key(a: Any) -> tuple:
-    if isinstance(a, torch.Tensor):
-        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
-    return (type(a), a)
+def _args_key(args: Sequence[Any]) -> tuple:
+    """What a compiled artifact depends on, per argument (one pass: it runs on every call)."""
+    return tuple((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
+                 if isinstance(a, torch.Tensor) else (type(a), a) for a in args)

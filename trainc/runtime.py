@@ -133,21 +133,31 @@ def run(art: Artifact, args: Sequence[Any]) -> list:
     """Call the compiled graph as the captured graph would have been called."""
     sig = art.signature
     prims = list(args) + ([rng.draw_seed()] if sig.has_rng else [])
+    nm = len(sig.mutated_inputs)
     if sig.training:
-        fwd_vals = _Function.apply(art, *prims)
+        computed = _Function.apply(art, *prims)
     else:
         with torch.no_grad():
-            fwd_vals = _forward_values(art, art.fwd.run(prims))
-    nm = len(sig.mutated_inputs)
-    if nm:
-        with torch.no_grad():
-            for i, new in zip(sig.mutated_inputs, fwd_vals[:nm]):
-                a = args[i]
-                if new.data_ptr() == a.data_ptr() and new.stride() == a.stride():
-                    torch.autograd.graph.increment_version(a)  # written in place: as copy_
-                else:
-                    a.copy_(new)
-    return _user_outputs(sig, args, fwd_vals[nm:])
+            vals = _forward_values(art, art.fwd.run(prims))
+        _write_back(args, sig.mutated_inputs, vals[:nm])
+        computed = vals[nm:]
+    return _user_outputs(sig, args, computed)
+
+
+def _write_back(args: Sequence[Any], mutated: Sequence[int], new_values: Sequence) -> None:
+    """Mutated inputs take their new values: those the graph wrote in place get their version
+    bumped (as copy_ would), the others are copied into."""
+    if not mutated:
+        return
+    in_place = []
+    for i, new in zip(mutated, new_values):
+        a = args[i]
+        if new is a or (new.data_ptr() == a.data_ptr() and new.stride() == a.stride()):
+            in_place.append(a)
+        else:
+            with torch.no_grad():
+                a.copy_(new)
+    torch.autograd.graph.increment_version(in_place)
 
 
 def _forward_values(art: Artifact, results: list) -> list:
@@ -190,17 +200,20 @@ class _Function(torch.autograd.Function):
         ctx.is_tensor = [isinstance(s, torch.Tensor) for s in saved]
         ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
         ctx.non_tensors = [s for s in saved if not isinstance(s, torch.Tensor)]
+        # Mutated inputs (BatchNorm running stats) are written back here, not returned: each
+        # output of an autograd Function costs its bookkeeping on every call.
         nm = len(sig.mutated_inputs)
-        differentiable = {nm + t for t in sig.tangents}
+        _write_back(prims, sig.mutated_inputs, vals[:nm])
+        computed = vals[nm:]
         # Autograd would otherwise hand backward a zeros tensor for every output without a
-        # gradient, the mutated buffers included (BatchNorm running stats: 24 zeros fills per
-        # step on convnet); backward makes zeros only for the tangents its graph reads.
+        # gradient; backward makes zeros only for the tangents its graph reads.
         ctx.set_materialize_grads(False)
-        ctx.tangent_meta = [(vals[nm + t].shape, vals[nm + t].dtype, vals[nm + t].device)
+        ctx.tangent_meta = [(computed[t].shape, computed[t].dtype, computed[t].device)
                             for t in sig.tangents]
-        ctx.mark_non_differentiable(*[v for k, v in enumerate(vals)
+        differentiable = set(sig.tangents)
+        ctx.mark_non_differentiable(*[v for k, v in enumerate(computed)
                                       if k not in differentiable and isinstance(v, torch.Tensor)])
-        return tuple(vals)
+        return tuple(computed)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -215,10 +228,9 @@ class _Function(torch.autograd.Function):
         # (kept when the graph is retained), ours are handed over in one list below.
         del tensors
         ctx.maybe_clear_saved_tensors()
-        nm = len(sig.mutated_inputs)
         tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
                     for g, (shape, dtype, device) in
-                    zip((grads[nm + t] for t in sig.tangents), ctx.tangent_meta)]
+                    zip((grads[t] for t in sig.tangents), ctx.tangent_meta)]
         bwd = art.expanded.get(tangents) if art.expanded is not None and art.acc is None \
             else None
         if bwd is None:
