@@ -94,6 +94,7 @@ def build_partition(joint: JointGraph, costs: CostModel, saved: list, mode: str,
                     note: Optional[str]) -> Partition:
     """Split the joint graph at `saved` and report every decision (mode: "default", "budget"
     or "save_all", which names the rules in the report)."""
+    saved = list(dict.fromkeys(_viewed_input(n, costs) or n for n in saved))
     plan = evaluate(joint, costs, saved, mode)
     fwd, bwd = split_joint(joint, saved)
     part = Partition(fwd, bwd, tuple(n.name for n in saved), _decisions(plan, costs, mode),
@@ -101,6 +102,17 @@ def build_partition(joint: JointGraph, costs: CostModel, saved: list, mode: str,
     for seen in _observers:
         seen.append(part)
     return part
+
+
+def _viewed_input(n: fx.Node, costs: CostModel) -> Optional[fx.Node]:
+    """The graph input a value is a chain of views of, or None. Saving the input instead and
+    viewing it again in the backward costs nothing there and saves, per call, a view, an output
+    and a saved tensor of the forward (BatchNorm weights as [C, 1, 1])."""
+    m = n
+    while m.op == "call_function" and costs[m].cls == P.VIEW and m.args \
+            and isinstance(m.args[0], fx.Node) and m.args[0] in costs.costs:
+        m = m.args[0]
+    return m if m is not n and m.op == "placeholder" else None
 
 
 def _decisions(plan: Plan, costs: CostModel, mode: str) -> tuple[Decision, ...]:
@@ -130,6 +142,8 @@ def _saved_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
 
 def _recompute_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
     cls = costs[n].cls
+    if cls == P.VIEW and costs[n].nbytes == 0:
+        return "view of a graph input: the input is saved, the view made again (free)"
     if cls == P.RANDOM:
         return "random: philox replays the forward's bits from the saved seed"
     if cls == P.EXPENSIVE:

@@ -103,3 +103,21 @@ def test_mincut_equals_exhaustive_optimum_on_small_graph():
     saved = set(default_saved(joint, costs))
     chosen = {n for n in free if n not in saved}
     assert _plan_cost(joint, costs, chosen, big) == best
+
+
+def test_a_view_of_an_input_is_saved_as_the_input():
+    """The backward reads w[:, None] (a view of a graph input): the input itself is saved and
+    viewed again in the backward, so the forward returns no extra view per call."""
+    x = torch.randn(8, 16, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    joint = joint_of(lambda x, w: (x * w[:, None]).sin(), x, w)
+    for partitioner in ("mincut", "save_all"):
+        part = split(joint, partitioner=partitioner)
+        assert "primals_1" in part.saved
+        views = [d for d in part.decisions if d.op.startswith(("aten.unsqueeze", "aten.slice"))]
+        assert views and all(d.action == "recomputed" and "view of a graph input" in d.rule
+                             for d in views), part.decisions
+        outputs = next(n for n in part.fwd.graph.nodes if n.op == "output").args[0]
+        assert not any(isinstance(o, torch.fx.Node) and o.op == "call_function"
+                       and P.op_name(o).startswith(("aten.unsqueeze", "aten.slice"))
+                       for o in outputs)
