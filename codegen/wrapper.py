@@ -9,6 +9,7 @@ Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -397,12 +398,38 @@ class _Writer:
         offsets, total = _pack([_extent(b.shape, b.stride, b.dtype) for b in bufs], spans)
         specs = []
         for k, (name, b, off) in enumerate(zip(kept, bufs, offsets)):
-            specs.append((off, tuple(b.shape), tuple(b.stride), b.dtype))
-            self.lines[self.alloc_line[name]] = f"    {name} = KEPT[{k}]"
+            shape, stride = self._kept_view(name, b)
+            specs.append((off, shape, stride, b.dtype))
+            self.lines[self.alloc_line[name]] = \
+                f"    {name} = KEPT[{k}]  # {list(shape)} strides {list(stride)}"
         self.ns["KEEP"] = Kept(total, specs, self.device)
         self.lines.insert(1, "    KEPT = KEEP.acquire()")
         self.lines.insert(len(self.lines) - 1, "    KEEP.release(KEPT)")
         return total
+
+    def _kept_view(self, name: str, b: Buffer) -> tuple[tuple, tuple]:
+        """The layout a kept buffer is made with. Where the wrapper's only use of it besides
+        data pointers is one view for an ATen call (a channels-last convolution argument:
+        `buf.as_strided(logical shape, strides)`) spanning the same bytes, the kept tensor is that
+        view, made once, and the calls take it as is."""
+        pattern = re.compile(rf"\b{name}\b(\.as_strided\(\[[0-9, ]*\], \[[0-9, ]*\]\)|\.data_ptr\(\))?")
+        views = set()
+        for i, line in enumerate(self.lines):
+            for m in pattern.finditer(line):
+                if m.group(1) and m.group(1).startswith(".as_strided"):
+                    views.add(m.group(1))
+                elif m.group(1) is None and i != self.alloc_line[name] and \
+                        line.strip() != f"del {name}":
+                    return tuple(b.shape), tuple(b.stride)  # another use: keep the buffer's
+        if len(views) != 1:
+            return tuple(b.shape), tuple(b.stride)
+        view = views.pop()
+        shape, stride = (tuple(int(v) for v in part.split(",") if v.strip())
+                         for part in re.findall(r"\[([0-9, ]*)\]", view))
+        if _extent(shape, stride, b.dtype) != _extent(b.shape, b.stride, b.dtype):
+            return tuple(b.shape), tuple(b.stride)
+        self.lines = [line.replace(name + view, name) for line in self.lines]
+        return shape, stride
 
     def _kernel(self, k: Kernel) -> None:
         for n in k.nodes:
