@@ -196,6 +196,7 @@ class _Writer:
         self.root: dict[str, str] = {}
         self.alloc_line: dict[str, int] = {}
         self.end_line: dict[str, int] = {}  # storage root -> the last line that frees a name of it
+        self.arg_views: dict[str, set] = {}  # buffer -> (shape, stride) views taken for calls
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -409,26 +410,26 @@ class _Writer:
 
     def _kept_view(self, name: str, b: Buffer) -> tuple[tuple, tuple]:
         """The layout a kept buffer is made with. Where the wrapper's only use of it besides
-        data pointers is one view for an ATen call (a channels-last convolution argument:
+        data pointers is one view for ATen calls (a channels-last convolution argument:
         `buf.as_strided(logical shape, strides)`) spanning the same bytes, the kept tensor is that
         view, made once, and the calls take it as is."""
-        pattern = re.compile(rf"\b{name}\b(\.as_strided\(\[[0-9, ]*\], \[[0-9, ]*\]\)|\.data_ptr\(\))?")
-        views = set()
-        for i, line in enumerate(self.lines):
-            for m in pattern.finditer(line):
-                if m.group(1) and m.group(1).startswith(".as_strided"):
-                    views.add(m.group(1))
-                elif m.group(1) is None and i != self.alloc_line[name] and \
-                        line.strip() != f"del {name}":
-                    return tuple(b.shape), tuple(b.stride)  # another use: keep the buffer's
+        own = tuple(b.shape), tuple(b.stride)
+        views = self.arg_views.get(name, set())
         if len(views) != 1:
-            return tuple(b.shape), tuple(b.stride)
-        view = views.pop()
-        shape, stride = (tuple(int(v) for v in part.split(",") if v.strip())
-                         for part in re.findall(r"\[([0-9, ]*)\]", view))
+            return own
+        shape, stride = next(iter(views))
         if _extent(shape, stride, b.dtype) != _extent(b.shape, b.stride, b.dtype):
-            return tuple(b.shape), tuple(b.stride)
-        self.lines = [line.replace(name + view, name) for line in self.lines]
+            return own
+        view = name + _view_text(shape, stride)
+        uses = (view, f"{name}.data_ptr()", f"{name} = ", f"del {name}")
+        pattern = re.compile(rf"\b{name}\b")
+        for line in self.lines:
+            rest = line
+            for use in uses:
+                rest = rest.replace(use, "")
+            if pattern.search(rest):
+                return own  # used another way too: keep the buffer's own layout
+        self.lines = [line.replace(view, name) for line in self.lines]
         return shape, stride
 
     def _kernel(self, k: Kernel) -> None:
@@ -476,7 +477,8 @@ class _Writer:
             if a.whole:
                 return a.buf
             if a.offset == 0:  # as_strided keeps the base's storage offset by default
-                return f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)})"
+                self.arg_views.setdefault(a.buf, set()).add((tuple(a.shape), tuple(a.stride)))
+                return a.buf + _view_text(a.shape, a.stride)
             return (f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)}, "
                     f"{a.buf}.storage_offset() + {a.offset})")
         if isinstance(a, (list, tuple)):
@@ -501,6 +503,10 @@ def _returns_tuple(target) -> bool:
 
 
 ALIGN = 64  # bytes; every kept buffer starts on a cache line
+
+
+def _view_text(shape, stride) -> str:
+    return f".as_strided({list(shape)}, {list(stride)})"
 
 
 def _extent(shape, stride, dtype) -> int:
