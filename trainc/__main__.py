@@ -1,5 +1,6 @@
 """Command line: `python -m trainc report <suite model | module:callable> [--device cuda]
-[--budgets none 1.0 0.5 0.0] [--out DIR]`. A callable returns (model, inputs, loss_fn)."""
+[--budgets none 1.0 0.5 0.0] [--out DIR]` (a callable returns (model, inputs, loss_fn)), and
+`python -m trainc bench [zoo options]` (the model zoo of a source checkout: benchmarks/zoo)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,18 @@ from typing import Optional, Sequence, Union
 import torch
 
 SUITE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "models.py")
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def bench(argv: Sequence[str]) -> int:
+    """The zoo benchmark (benchmarks/zoo/run.py); it lives in the source tree, not the package."""
+    if not os.path.exists(os.path.join(BENCHMARKS, "zoo", "run.py")):
+        raise SystemExit(f"trainc bench: no zoo at {os.path.abspath(BENCHMARKS)}/zoo; it runs "
+                         "from a source checkout installed with pip install -e '.[zoo]'")
+    sys.path.insert(0, os.path.abspath(BENCHMARKS))
+    from zoo import run
+    run.main(list(argv))
+    return 0
 
 
 def parse_budget(text: str) -> Optional[Union[float, int]]:
@@ -42,8 +55,12 @@ def load_workload(spec: str, device: str, suite: str):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m trainc")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("bench", help="the model-zoo benchmark (--help for its options)")
     rep = sub.add_parser("report", help="memory / recompute trade-off report")
     rep.add_argument("workload", help="suite model name or module:callable")
     rep.add_argument("--device", default="cpu")

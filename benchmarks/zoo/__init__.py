@@ -1,0 +1,1 @@
+"""The model zoo benchmark (real model classes from transformers; see run.py)."""
