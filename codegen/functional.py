@@ -56,7 +56,7 @@ def functional_variant(op: torch._ops.OpOverload) -> Optional[torch._ops.OpOverl
     return None
 
 
-_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
              aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.select.int,
              aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
              aten.t.default, aten.transpose.int, aten.alias.default, aten.as_strided.default,
@@ -66,7 +66,7 @@ _VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
 def check_write(node: fx.Node, dest: fx.Node) -> None:
     """Refuse writes whose effect a functional rewrite would lose."""
     base = dest
-    while base.op == "call_function" and (base.target in _VIEW_OPS or _split_item(base)):
+    while base.op == "call_function" and (base.target in VIEW_OPS or _split_item(base)):
         base = base.args[0]
     if base is dest:
         return
@@ -81,4 +81,4 @@ def _split_item(node: fx.Node) -> bool:
     """getitem of a split: a view of the split's input (other getitems are separate tensors)."""
     src = node.args[0] if node.args else None
     return getattr(node.target, "__name__", "") == "getitem" and isinstance(src, fx.Node) and \
-        src.target in _VIEW_OPS
+        src.target in VIEW_OPS

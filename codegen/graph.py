@@ -30,6 +30,10 @@ EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materi
 # update were computed again by every GPU thread of it; stored, the scheduler's small-node rule
 # puts them together in a small kernel. (cpp: GCC hoists them out of the loops itself.)
 SCALAR_LIMIT = 5
+# A value with a transcendental in it whose readers (through views) evaluate it at this many times
+# its own elements is stored once: inlined, each reader's element computes it again (a rotary
+# embedding's cos/sin, broadcast over every head of every layer).
+BROADCAST_LIMIT = 4
 # node.meta key: store the value where the node stands, not where a later reader inlines it
 # (a gradient added into .grad right after the extern that made it, while it is hot in cache)
 STORE_NOW = "trainc_store_now"
@@ -456,7 +460,8 @@ class GraphLowering:
                 ir.compute_cost(e) >= SCALAR_LIMIT:
             self.env[node] = self._realize_scalar(v, e)
         elif ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
-                (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT):
+                (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT) or \
+                _broadcast_and_costly(node, v, e):
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
 
@@ -522,6 +527,30 @@ def _expanded_dims(node, v: TensorValue) -> list[int]:
     if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
         return []
     return [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
+
+
+def _broadcast_and_costly(node: fx.Node, v: TensorValue, e: ir.Expr) -> bool:
+    """BROADCAST_LIMIT: a multi-element value with a transcendental whose readers are larger."""
+    n = math.prod(v.shape)
+    if n <= 1 or not any(isinstance(x, ir.Op) and x.name in ir.TRANSCENDENTAL
+                         for x in ir.walk(e)):
+        return False
+    return _largest_reader(node) >= BROADCAST_LIMIT * n
+
+
+def _largest_reader(node: fx.Node, depth: int = 4) -> int:
+    """The most elements of any non-view node reading `node`, looking through views."""
+    most = 0
+    for u in node.users:
+        if u.op != "call_function":
+            continue
+        if u.target in functional.VIEW_OPS and depth > 0:
+            most = max(most, _largest_reader(u, depth - 1))
+            continue
+        val = u.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            most = max(most, val.numel())
+    return most
 
 
 def _crosses(node: fx.Node) -> bool:
