@@ -18,6 +18,7 @@ import torch.fx as fx
 from trainc.codegen import functional, ir
 from trainc.graph import is_dense
 from trainc.codegen.ir import TensorValue
+from trainc.codegen.symbols import Symbols
 from trainc.passes.reinplace_ops import MUTABLE_INPUTS
 
 # A value with several users is recomputed in each when its ops cost at most this much
@@ -114,6 +115,7 @@ class LoweredGraph:
     # op wrote); only a hint: codegen/storage.py checks it against the schedule
     reuse: dict[str, str] = field(default_factory=dict)
     storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
+    symbols: Symbols = field(default_factory=Symbols)  # index symbols, numbered per graph
 
 
 class GraphLowering:
@@ -199,7 +201,7 @@ class GraphLowering:
         a channels-last value. None: contiguous."""
         if not self.channels_last or len(v.shape) != 4 or v.shape[1] == 1 or v.shape[3] == 1:
             return None
-        syms = ir.symbols("l", v.shape)
+        syms = self.g.symbols.ranges("l", v.shape)
         along_c = along_w = 0
         for load in ir.loads(v(syms)):
             index = sympy.sympify(load.index)
@@ -454,7 +456,7 @@ class GraphLowering:
         v = self.env[node]
         if not isinstance(v, TensorValue) or v.view is not None:
             return
-        e = v(ir.symbols("t", v.shape))
+        e = v(self.g.symbols.ranges("t", v.shape))
         crosses = _crosses(node)
         if self.store_scalars and math.prod(v.shape) == 1 and not crosses and \
                 ir.compute_cost(e) >= SCALAR_LIMIT:

@@ -1,36 +1,19 @@
 """The loop-level IR: backend-neutral value expressions over sympy index expressions.
 
 A tensor value is `TensorValue(shape, dtype, fn)` with `fn(index) -> Expr`; views compose
-index functions, so they never copy. Index symbols are unique and carry known ranges.
+index functions, so they never copy. Index symbols (codegen/symbols.py) carry their ranges.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import sympy
 import torch
 
+from trainc.codegen.symbols import Indirect, Range
+
 Index = sympy.Expr
-_counter = itertools.count()
-RANGES: dict[sympy.Symbol, int] = {}  # loop symbol -> its extent (0 <= s < extent)
-INDIRECT: dict[sympy.Symbol, tuple["Expr", int]] = {}  # symbol -> (int value expr, dim size)
-
-
-def new_symbol(prefix: str, extent: int) -> sympy.Symbol:
-    """A fresh loop variable ranging over [0, extent)."""
-    # zero-padded: sympy orders terms by name, so creation order fixes the printed source
-    s = sympy.Symbol(f"{prefix}{next(_counter):08d}", integer=True, nonnegative=True)
-    RANGES[s] = int(extent)
-    return s
-
-
-def indirect_symbol(value: "Expr", size: int) -> sympy.Symbol:
-    """A symbol standing for a runtime index value (embedding, gather): wrapped into [0, size)."""
-    s = sympy.Symbol(f"ind{next(_counter):08d}", integer=True)
-    INDIRECT[s] = (value, int(size))
-    return s
 
 
 class FloorDiv(sympy.Function):
@@ -85,11 +68,11 @@ def bounds(e: sympy.Expr) -> tuple[float, float]:
     """Conservative [lo, hi] of an index expression from the symbols' ranges."""
     if e.is_Integer:
         return int(e), int(e)
+    if isinstance(e, Range):
+        return 0, e.extent - 1
+    if isinstance(e, Indirect):
+        return 0, e.size - 1
     if e.is_Symbol:
-        if e in RANGES:
-            return 0, RANGES[e] - 1
-        if e in INDIRECT:
-            return 0, INDIRECT[e][1] - 1
         return -float("inf"), float("inf")
     if e.is_Add:
         parts = [bounds(a) for a in e.args]
@@ -223,8 +206,8 @@ def loads(e: Expr) -> list[Load]:
         if isinstance(x, Load):
             out.append(x)
             for s in x.index.free_symbols:
-                if s in INDIRECT:
-                    out.extend(loads(INDIRECT[s][0]))
+                if isinstance(s, Indirect):
+                    out.extend(loads(s.value))
     return out
 
 
@@ -356,10 +339,6 @@ def strided_view(base: TensorValue, shape: Sequence[int], stride: Sequence[int],
     if base.view is not None:
         view = StridedView(base.view.buf, tuple(stride), base.view.offset + offset)
     return TensorValue(tuple(shape), base.dtype, fn, view)
-
-
-def symbols(prefix: str, shape: Sequence[int]) -> list[sympy.Symbol]:
-    return [new_symbol(prefix, s) for s in shape]
 
 
 def size_of(expr_count_limit: int, e: Expr) -> int:

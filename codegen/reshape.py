@@ -11,6 +11,7 @@ import sympy
 
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, ComputeNode
+from trainc.codegen.symbols import Symbols
 
 
 def _numel(shape) -> int:
@@ -63,18 +64,18 @@ def target_shape(kern, n: ComputeNode) -> Optional[tuple[int, ...]]:
     return outer + (rest,)
 
 
-def refined_shape(n: ComputeNode) -> Optional[tuple[int, ...]]:
+def refined_shape(n: ComputeNode, symbols: Symbols) -> Optional[tuple[int, ...]]:
     """n's shape with dims split where n's index arithmetic divides a loop variable (x // p and
     x % p, as in a cat of equal parts or heads split off a channel dim): the pieces become loop
     variables of their own and the indexing affine. None when nothing splits."""
     if n.kind != "pointwise" or not n.shape or _numel(n.shape) == 0:
         return None
-    syms = ir.symbols("r", n.shape)
+    syms = symbols.ranges("r", n.shape)
     cuts: dict = {s: set() for s in syms}
     for index in _indices(n.fn(syms)):
         for x in sympy.preorder_traversal(index):
             if isinstance(x, (ir.FloorDiv, ir.ModIndex)) and x.args[0] in cuts:
-                c, size = int(x.args[1]), ir.RANGES[x.args[0]]
+                c, size = int(x.args[1]), x.args[0].extent
                 if 1 < c < size and size % c == 0:
                     cuts[x.args[0]].add(c)
     if not any(cuts.values()):

@@ -15,6 +15,7 @@ import sympy
 from trainc.codegen import ir, reshape
 from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
 from trainc.codegen import KernelInfo
+from trainc.codegen.symbols import Indirect, Symbols
 
 SERIAL_LIMIT = 1 << 16  # a kernel with no outer parallelism may hold at most this many elements
 # A node joins a kernel at most this many program steps after the kernel's latest node, unless
@@ -81,24 +82,24 @@ class Schedule:
     graph: LoweredGraph
 
 
-def reads(node: ComputeNode) -> list[ir.Load]:
-    """Every load of a compute node, with canonical symbols (computed once per node)."""
+def reads(node: ComputeNode, g: LoweredGraph) -> list[ir.Load]:
+    """Every load of a compute node, over symbols of g's scope (computed once per node)."""
     cached = node.__dict__.get("_reads")
     if cached is None:
-        cached = node.__dict__["_reads"] = _reads(node)
+        cached = node.__dict__["_reads"] = _reads(node, g.symbols)
     return cached
 
 
-def _reads(node: ComputeNode) -> list[ir.Load]:
+def _reads(node: ComputeNode, syms: Symbols) -> list[ir.Load]:
     if node.kind == "pointwise":
-        return ir.loads(node.fn(ir.symbols("c", node.shape)))
+        return ir.loads(node.fn(syms.ranges("c", node.shape)))
     if node.kind == "reduction":
-        return ir.loads(node.fn(ir.symbols("c", node.shape), ir.symbols("c", node.rshape)))
-    v = ir.symbols("c", node.rshape)
-    out = ir.loads(node.init(ir.symbols("c", node.shape))) + ir.loads(node.fn(v))
+        return ir.loads(node.fn(syms.ranges("c", node.shape), syms.ranges("c", node.rshape)))
+    v = syms.ranges("c", node.rshape)
+    out = ir.loads(node.init(syms.ranges("c", node.shape))) + ir.loads(node.fn(v))
     for s in node.index(v).free_symbols:
-        if s in ir.INDIRECT:
-            out += ir.loads(ir.INDIRECT[s][0])
+        if isinstance(s, Indirect):
+            out += ir.loads(s.value)
     return out
 
 
@@ -135,7 +136,7 @@ class _Builder:
 
     def add_node(self, n: ComputeNode) -> None:
         self.step += 1
-        loads = reads(n)
+        loads = reads(n, self.g)
         bufs = {l.buf for l in loads}
         best, best_score = None, 0
         moved = sum(self.g.buffers[b].nbytes for b in bufs) + self.g.buffers[n.name].nbytes
@@ -154,7 +155,7 @@ class _Builder:
         if best is None:
             kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
             for _ in range(3 if self._reshapeable(n) else 0):  # a split can expose another
-                refined = reshape.refined_shape(n)
+                refined = reshape.refined_shape(n, self.g.symbols)
                 fit = refined and reshape.reshaped(n, refined, self._layout(n.name))
                 if not fit:
                     break
@@ -228,7 +229,7 @@ class _Builder:
             outer = _join_outer(kern, fit[0])
             if outer is False:
                 return None
-        for b in {l.buf for l in reads(n)}:
+        for b in {l.buf for l in reads(n, self.g)}:
             p = self.producer.get(b)
             if p is not None and p != k and self._reaches(p, k):
                 return None  # n needs something that itself needs this kernel: a cycle
@@ -282,7 +283,8 @@ def _feeds_outputs(g: LoweredGraph) -> set[str]:
     out = {a.buf for a in g.outputs if isinstance(a, TensorArg)}
     readers: dict[str, list] = {}
     for step in g.steps:
-        names = _call_buffers(step) if isinstance(step, CallNode) else {l.buf for l in reads(step)}
+        names = _call_buffers(step) if isinstance(step, CallNode) else \
+            {l.buf for l in reads(step, g)}
         for b in names:
             readers.setdefault(b, []).append(step)
     for step in reversed(g.steps):
@@ -325,18 +327,18 @@ def inner_of(n: ComputeNode, outer: tuple[int, ...]) -> tuple[int, ...]:
 def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
     """Every load n makes of a buffer the kernel produces stays within one outer iteration."""
     produced = {m.name: m for m in kern.nodes}
-    if not any(l.buf in produced for l in reads(n)):
+    if not any(l.buf in produced for l in reads(n, g)):
         return True
     if outer is None:  # same-shape pointwise: only same-position reads
-        syms = ir.symbols("s", n.shape)
+        syms = g.symbols.ranges("s", n.shape)
         for l in ir.loads(n.fn(syms)):
             if l.buf in produced:
                 b = kern.layout(l.buf, g)
                 if l.index - ir.linear(syms, b.stride) != 0:
                     return False
         return True
-    osyms = ir.symbols("o", outer)
-    isyms = ir.symbols("i", inner_of(n, outer))
+    osyms = g.symbols.ranges("o", outer)
+    isyms = g.symbols.ranges("i", inner_of(n, outer))
     e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
     for l in ir.loads(e):
         if l.buf not in produced:
@@ -352,7 +354,7 @@ def within_outer(index, osyms, stride, shape) -> Optional[sympy.Expr]:
     inner = ir_numel(shape[len(osyms):])
     h = index - ir.linear(osyms, stride[:len(osyms)])
     free = h.free_symbols
-    if any(s in free for s in osyms) or any(s in ir.INDIRECT for s in free):
+    if any(s in free for s in osyms) or any(isinstance(s, Indirect) for s in free):
         return None
     lo, hi = ir.bounds(h)
     if lo < 0 or hi >= inner:
@@ -417,7 +419,7 @@ def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
     users: dict[str, set[int]] = {}
     for i, lp in enumerate(kern.loops):
         for n in lp.steps:
-            for l in reads(n):
+            for l in reads(n, g):
                 users.setdefault(l.buf, set()).add(i)
     for n in kern.nodes:
         if n.name in needed_outside or n.kind == "scatter":
@@ -429,7 +431,7 @@ def plan(kern: Kernel, g: LoweredGraph, needed_outside: set[str],
             kern.local.add(n.name)
             kern.scratch.add(n.name)
     produced = {n.name for n in kern.nodes}
-    read = {l.buf for n in kern.nodes for l in reads(n)} - produced
+    read = {l.buf for n in kern.nodes for l in reads(n, g)} - produced
     written = produced - kern.local
     kern.info = KernelInfo(kern.name, tuple(o for n in kern.nodes for o in n.origins),
                            sum(g.buffers[b].nbytes for b in read),
@@ -445,13 +447,13 @@ def _scratch_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, limit: int) -> bo
     inner = ir_numel(n.shape[len(kern.outer):])
     if inner * b.dtype.itemsize > limit:
         return False
-    osyms = ir.symbols("o", kern.outer)
-    isyms = ir.symbols("i", n.shape[len(kern.outer):])
+    osyms = g.symbols.ranges("o", kern.outer)
+    isyms = g.symbols.ranges("i", n.shape[len(kern.outer):])
     if within_outer(ir.linear(osyms + isyms, b.stride), osyms, b.stride, b.shape) is None:
         return False
     for m in kern.nodes:
-        e = (m.fn(osyms + ir.symbols("i", inner_of(m, kern.outer))) if m.kind == "pointwise"
-             else m.fn(osyms, ir.symbols("i", inner_of(m, kern.outer))))
+        isyms = g.symbols.ranges("i", inner_of(m, kern.outer))
+        e = m.fn(osyms + isyms) if m.kind == "pointwise" else m.fn(osyms, isyms)
         for l in ir.loads(e):
             if l.buf == n.name and within_outer(l.index, osyms, b.stride, b.shape) is None:
                 return False
@@ -467,13 +469,13 @@ def _register_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, loop_of: dict,
     if max(ir_numel(lp.inner) for lp in kern.loops) > register_row:
         return False
     home = kern.loops[loop_of[n.name]]
-    osyms = ir.symbols("o", kern.outer)
-    isyms = ir.symbols("i", home.inner)
+    osyms = g.symbols.ranges("o", kern.outer)
+    isyms = g.symbols.ranges("i", home.inner)
     here = ir.linear(osyms + isyms, kern.layout(n.name, g).stride)
     for lp in kern.loops:
         for m in lp.steps:
             if lp.inner != home.inner:
-                if any(l.buf == n.name for l in reads(m)):
+                if any(l.buf == n.name for l in reads(m, g)):
                     return False
                 continue
             e = m.fn(osyms + isyms) if m.kind == "pointwise" else m.fn(osyms, isyms)
@@ -484,7 +486,7 @@ def _register_ok(kern: Kernel, n: ComputeNode, g: LoweredGraph, loop_of: dict,
 
 def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:
     loops: list[Loop] = []
-    osyms = ir.symbols("o", kern.outer)
+    osyms = g.symbols.ranges("o", kern.outer)
     for n in kern.nodes:
         inner = inner_of(n, kern.outer)
         if loops and loops[-1].inner == inner and _same_loop_ok(kern, loops[-1], n, osyms, g):
@@ -497,7 +499,7 @@ def _merge_loops(kern: Kernel, g: LoweredGraph) -> list[Loop]:
 def _same_loop_ok(kern: Kernel, loop: Loop, n: ComputeNode, osyms, g: LoweredGraph) -> bool:
     """n may share the loop when it reads the loop's results only at the position it is at."""
     here = {m.name: m for m in loop.steps}
-    isyms = ir.symbols("i", loop.inner)
+    isyms = g.symbols.ranges("i", loop.inner)
     e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
     for l in ir.loads(e):
         m = here.get(l.buf)

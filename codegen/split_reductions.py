@@ -81,7 +81,7 @@ def _as_two_dims(n):
 def _split(g: LoweredGraph, n: ComputeNode) -> list[ComputeNode]:
     fn, outer = n.fn, n.rshape[0]
     # the partials keep the accumulator's dtype (a bf16 sum's partials are float32)
-    dtype = fn(ir.symbols("i", n.shape), ir.symbols("r", n.rshape)).dtype
+    dtype = fn(g.symbols.ranges("i", n.shape), g.symbols.ranges("r", n.rshape)).dtype
     if n.reduce_op in ("sum", "prod") and dtype in (torch.bfloat16, torch.float16):
         dtype = torch.float32
     shape = (outer,) + tuple(n.shape)
@@ -102,7 +102,7 @@ def _split_variance(g: LoweredGraph, v: ComputeNode, split: dict) -> "list | Non
     parallel form (module docstring), or None when v is not exactly that."""
     if v.reduce_op != "sum":
         return None
-    i, r = ir.symbols("i", v.shape), ir.symbols("r", v.rshape)
+    i, r = g.symbols.ranges("i", v.shape), g.symbols.ranges("r", v.rshape)
     d = _square_of(v.fn(i, r))
     if d is None or d.name != "sub" or d.dtype not in (torch.float32, torch.float64):
         return None

@@ -9,7 +9,8 @@ import torch
 
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
-from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, within_outer
+from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, reads, within_outer
+from trainc.codegen.symbols import Indirect
 
 aten = torch.ops.aten
 
@@ -24,7 +25,7 @@ def plan_storage(sched: Schedule, foreign: frozenset = frozenset()) -> dict[str,
     for k, item in enumerate(sched.items):
         if isinstance(item, Kernel):
             producer.update({n.name: k for n in item.nodes if n.name not in item.local})
-            bufs = {l.buf for n in item.nodes for l in _loads(n)}
+            bufs = {l.buf for n in item.nodes for l in reads(n, g)}
         else:
             producer.update({o: k for o in item.outputs if o is not None})
             bufs = set(_call_buffers(item))
@@ -63,11 +64,6 @@ def _idle_allocs(sched: Schedule, last: int, k: int) -> bool:
         elif any(o is not None for o in item.outputs):
             return True
     return False
-
-
-def _loads(n) -> list[ir.Load]:
-    from trainc.codegen.scheduler import reads
-    return reads(n)
 
 
 def _same(g: LoweredGraph, x: str, t: str) -> bool:
@@ -116,16 +112,16 @@ def _reads_only_as(c: CallNode, t: str, pos: int) -> bool:
 
 def _kernel_ok(kern: Kernel, x: str, t: str, g: LoweredGraph) -> bool:
     if kern.kind == "scatter":
-        return _scatter_ok(kern, t, g.buffers[t])
+        return _scatter_ok(kern, t, g)
     where = [(i, j) for i, lp in enumerate(kern.loops) for j, n in enumerate(lp.steps)
              if n.name == x]
     if not where or any(n.name == t for n in kern.nodes):
         return False
     lx, jx = where[0]
     bt = g.buffers[t]
-    osyms = ir.symbols("o", kern.outer)
+    osyms = g.symbols.ranges("o", kern.outer)
     for i, lp in enumerate(kern.loops):
-        isyms = ir.symbols("i", lp.inner)
+        isyms = g.symbols.ranges("i", lp.inner)
         for j, n in enumerate(lp.steps):
             e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
             for l in ir.loads(e):
@@ -147,14 +143,15 @@ def _read_ok(index, at: tuple[int, int], write: tuple[int, int], osyms, isyms,
     return at[1] <= write[1] and index - ir.linear(osyms + isyms, bt.stride) == 0
 
 
-def _scatter_ok(kern: Kernel, t: str, bt: Buffer) -> bool:
+def _scatter_ok(kern: Kernel, t: str, g: LoweredGraph) -> bool:
     """A scatter may overwrite t when only its init reads t, element for element."""
     n = kern.nodes[0]
-    v = ir.symbols("v", n.rshape)
-    later = ir.loads(n.fn(v)) + [l for s in n.index(v).free_symbols if s in ir.INDIRECT
-                                 for l in ir.loads(ir.INDIRECT[s][0])]
+    v = g.symbols.ranges("v", n.rshape)
+    later = ir.loads(n.fn(v)) + [l for s in n.index(v).free_symbols if isinstance(s, Indirect)
+                                 for l in ir.loads(s.value)]
     if any(l.buf == t for l in later):
         return False
-    s = ir.symbols("s", n.shape)
+    s = g.symbols.ranges("s", n.shape)
+    bt = g.buffers[t]
     return all(l.index - ir.linear(s, bt.stride) == 0
                for l in ir.loads(n.init(s)) if l.buf == t)

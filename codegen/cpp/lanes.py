@@ -9,6 +9,7 @@ import sympy
 from trainc.codegen import ir
 from trainc.codegen.graph import Buffer, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop
+from trainc.codegen.symbols import Symbols
 
 LANE_WIDTHS = (64, 32, 16, 8)  # lanes per block: a divisor of the last outer dim, no tails
 SCRATCH_LIMIT = 1 << 18  # bytes of per-thread scratch a lane block may take
@@ -74,18 +75,18 @@ def _numel(shape) -> int:
 
 
 def flatten_loop(lp: Loop, osyms, g: LoweredGraph, local: set[str], plain: list,
-                 layouts: Optional[dict] = None):
+                 scope: Symbols, layouts: Optional[dict] = None):
     """(loop symbols, per-dim index expressions, loop extents) for a loop of pointwise steps:
     trailing inner dims merge into one loop when every access stays affine in the merged
     symbol (contiguous blocks), so the vectorized loop is long; otherwise one loop per dim
-    (`plain`: the per-dim symbols loops of the same extents share; `layouts`: the kernel's
-    reshaped buffers, Kernel.layouts)."""
+    (`plain`: the per-dim symbols loops of the same extents share; `scope`: the kernel's
+    symbols; `layouts`: the kernel's reshaped buffers, Kernel.layouts)."""
     dims = list(lp.inner)
     if len(dims) < 2 or 0 in dims or any(n.kind != "pointwise" for n in lp.steps):
         return plain, plain, tuple(dims)
     for m in range(len(dims), 1, -1):
         merged = _numel(dims[-m:])
-        f = ir.new_symbol("i", merged)
+        f = scope.range("i", merged)
         subs, below = [], merged
         for size in dims[-m:]:
             below //= size

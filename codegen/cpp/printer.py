@@ -6,7 +6,6 @@ float16 round only when stored or explicitly cast. Every pointer is __restrict__
 from __future__ import annotations
 
 import math
-import re
 
 import sympy
 import torch
@@ -21,6 +20,7 @@ from trainc.codegen.cpp.threads import gather_partials, split_for, split_threads
 from trainc.codegen.cpp.transpose import ROW as TILE_ROW
 from trainc.codegen.cpp.transpose import open_block, tiled_stores, write_block
 from trainc.codegen.scheduler import Kernel, Loop, within_outer
+from trainc.codegen.symbols import Indirect, Symbols
 
 PARALLEL_WORK = 32768  # elements a kernel must touch before OpenMP threads pay off
 SCRATCH_BYTES = 16384  # per kernel-internal buffer and outer iteration: stays in L1/L2
@@ -103,10 +103,10 @@ class Body:
 
     def index(self, e) -> str:
         for s in sorted(sympy.sympify(e).free_symbols, key=lambda s: s.name):
-            if s in ir.INDIRECT and s not in self.defined:
-                value, size = ir.INDIRECT[s]
-                v = self.value(value)
-                self.emit(f"const int64_t {s.name} = {v} < 0 ? {v} + {size} : {v};")
+            if isinstance(s, Indirect) and s not in self.defined:
+                self.p.syms.define(s)
+                v = self.value(s.value)
+                self.emit(f"const int64_t {s.name} = {v} < 0 ? {v} + {s.size} : {v};")
                 self.defined.add(s)
         return index_code(e)
 
@@ -175,15 +175,17 @@ def cast_code(x: str, src: torch.dtype, dst: torch.dtype) -> str:
 class KernelPrinter:
     def __init__(self, kern: Kernel, g: LoweredGraph):
         self.k, self.g = kern, g
+        self.syms = g.symbols.kernel(kern.name)  # this kernel's own: its source is its own
         self.params: dict[str, bool] = {}  # buffer -> written
         self.values: dict[str, str] = {}  # buffer -> C var holding its value here
         # every node's value expression, built once: the lane choice and the printer share it
-        self.osyms = ir.symbols("o", kern.outer) if kern.kind == "loops" else []
+        self.osyms = self.syms.ranges("o", kern.outer) if kern.kind == "loops" else []
         # per loop: its loop symbols, the index expression of each inner dim, its extents
         plain: dict[tuple, list] = {}
         self.shapes = [flatten_loop(lp, self.osyms, g, kern.local,
-                                    plain.setdefault(tuple(lp.inner), ir.symbols("i", lp.inner)),
-                                    kern.layouts)
+                                    plain.setdefault(tuple(lp.inner),
+                                                     self.syms.ranges("i", lp.inner)),
+                                    self.syms, kern.layouts)
                        for lp in kern.loops]
         self.exprs = {} if kern.kind != "loops" else {
             n.name: n.fn(self.osyms + dims) if n.kind == "pointwise" else n.fn(self.osyms, dims)
@@ -378,7 +380,7 @@ class KernelPrinter:
             loop_syms, loop_extents = loop_syms[:-1], loop_extents[:-1]
         if unroll > 1:  # the innermost reduced dim runs `unroll` iterations per trip
             loop_extents[-1] = int(extents[-1]) // unroll
-            loop_syms[-1] = ir.new_symbol("i", loop_extents[-1])
+            loop_syms[-1] = self.syms.range("i", loop_extents[-1])
         self._tiles = tiled_stores(self, lp, osyms, loop_syms, loop_extents, dims, unroll, tiny)
         for d, (s, size) in enumerate(zip(loop_syms, loop_extents)):
             if d == len(loop_syms) - 1 and simd and not self.lanes:
@@ -503,7 +505,7 @@ class KernelPrinter:
         self.values[n.name] = v
 
     def _acc_init(self, body: Body, n: ComputeNode) -> list[str]:
-        e_dtype = _expr_dtype(n)
+        e_dtype = _expr_dtype(n, self.syms)
         t = ctype(e_dtype)
         acc = self.tmp()
         op = n.reduce_op
@@ -543,7 +545,7 @@ class KernelPrinter:
 
     def _finish(self, body: Body, n: ComputeNode, acc, osyms) -> None:
         final = self.tmp()
-        t = ctype(_expr_dtype(n))
+        t = ctype(_expr_dtype(n, self.syms))
         if n.reduce_op in ("max", "min"):
             nan = f"std::numeric_limits<{t}>::quiet_NaN()" if t in ("float", "double") else acc[0]
             value = f"{acc[1]} ? {nan} : {acc[0]}"
@@ -570,14 +572,14 @@ class KernelPrinter:
 
     def _scatter(self, body: Body, n: ComputeNode) -> None:
         out = self.g.buffers[n.name]
-        osyms = ir.symbols("s", n.shape)
+        osyms = self.syms.ranges("s", n.shape)
         _nest(body, osyms, n.shape, parallel=True)
         inner = Body(self, body.indent + "  " * (len(osyms) + 1))
         inner.lines = body.lines
         v = inner.value(n.init(osyms))
         self.store(inner, n, index_code(ir.linear(osyms, out.stride)), v)
         _close(body, len(osyms))
-        vsyms = ir.symbols("v", n.rshape)
+        vsyms = self.syms.ranges("v", n.rshape)
         _nest(body, vsyms, n.rshape, parallel=False)
         inner = Body(self, body.indent + "  " * (len(vsyms) + 1))
         inner.lines = body.lines
@@ -637,9 +639,8 @@ def _simd_pragma(reds, accs) -> str:
     return "#pragma omp simd " + " ".join(clauses)
 
 
-def _expr_dtype(n: ComputeNode) -> torch.dtype:
-    e = n.fn(ir.symbols("c", n.shape), ir.symbols("c", n.rshape))
-    return e.dtype
+def _expr_dtype(n: ComputeNode, syms: Symbols) -> torch.dtype:
+    return n.fn(syms.ranges("c", n.shape), syms.ranges("c", n.rshape)).dtype
 
 
 def _extreme(dtype: torch.dtype, lowest: bool) -> str:
@@ -661,14 +662,4 @@ def _numel(shape) -> int:
 def kernel_source(kern: Kernel, g: LoweredGraph) -> tuple[str, list[str]]:
     """The kernel's C++ function and its parameter buffers, in order."""
     p = KernelPrinter(kern, g)
-    return canonical_names(p.source()), list(p.params)
-
-
-def canonical_names(src: str) -> str:
-    """Rename index symbols (globally numbered) by first appearance, so equal kernels print
-    equal source and the on-disk cache hits across processes."""
-    names: dict[str, str] = {}
-
-    def sub(m: "re.Match") -> str:
-        return names.setdefault(m.group(0), f"q{len(names)}")
-    return re.sub(r"\b(?:o|i|s|v|ind)\d+\b", sub, src)
+    return p.source(), list(p.params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sympy
 
 from trainc.codegen import ir
+from trainc.codegen.symbols import Indirect
 
 TILE = 16  # reduced iterations per block: one 64-byte row of float32 per lane
 ROW = "tr"  # the loop variable of a block's iterations (the block's start is `tb`)
@@ -30,7 +31,7 @@ def tiled_stores(p, lp, osyms, loop_syms, loop_extents, dims, unroll: int,
             continue
         b = p.k.layout(n.name, p.g)
         index = sympy.expand(ir.linear(osyms + list(dims), b.stride))
-        if any(s in ir.INDIRECT for s in index.free_symbols):
+        if any(isinstance(s, Indirect) for s in index.free_symbols):
             continue
         if index.diff(inner) == 1 and index.diff(lane) != 1 and index.diff(lane).is_number:
             out[n.name] = p.index_text(index)

@@ -9,13 +9,14 @@ from trainc.codegen import ir
 from trainc.codegen.ir import Const, IndexValue, TensorValue
 from trainc.codegen.lowerings import register
 from trainc.codegen.lowerings.common import cast, const, expand, norm_dim, opmath
+from trainc.codegen.symbols import indirect
 
 aten = torch.ops.aten
 I64 = torch.int64
 
 
 def _ind(index: TensorValue, i, size: int) -> sympy.Symbol:
-    return ir.indirect_symbol(cast(index(i), I64), size)
+    return indirect(cast(index(i), I64), size)
 
 
 @register(aten.embedding.default)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from typing import Optional, Sequence
 
@@ -102,18 +101,18 @@ class TritonBackend:
 
 
 def _module_body(sources: list) -> str:
-    """Each distinct kernel once; a kernel equal to an earlier one up to its name (the same
-    layer again) is an alias of it, so Triton compiles (and tunes) it once."""
-    seen: dict[str, str] = {}
+    """Each distinct kernel once; a kernel equal to an earlier one (the same layer again: its
+    functions print equal up to their name) is an alias of it, so Triton compiles (and tunes)
+    it once."""
+    seen: dict[tuple, str] = {}
     parts = []
     for s in sources:
-        body = re.sub(rf"\b{s.name}(?=\w*\()", "KERNEL", s.source)
-        first = seen.setdefault(body, s.name)
+        first = seen.setdefault(s.funcs, s.name)
         if first == s.name:
             parts.append("\n\n" + s.source + "\n")
             continue
-        defs = re.findall(rf"^def ({s.name}\w*)\(", s.source, flags=re.M)
-        parts.append("".join(f"\n{d} = {first}{d[len(s.name):]}" for d in defs) + "\n")
+        parts.append("".join(f"\n{s.name}{suffix} = {first}{suffix}" for suffix, _ in s.funcs)
+                     + "\n")
     return "".join(parts)
 
 

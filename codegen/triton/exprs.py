@@ -13,6 +13,7 @@ import sympy
 import torch
 
 from trainc.codegen import ir
+from trainc.codegen.symbols import Indirect
 
 TL = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
       torch.float16: "tl.float16", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -210,18 +211,18 @@ class Body:
             return out
         out = frozenset()
         for s in sympy.sympify(e).free_symbols:
-            if s in ir.INDIRECT:
-                out |= self.axes_of(ir.INDIRECT[s][0])
+            if isinstance(s, Indirect):
+                out |= self.axes_of(s.value)
             else:
                 out |= self.p.sym_axes.get(s, frozenset())
         return out
 
     def index(self, e) -> str:
         for s in sorted(sympy.sympify(e).free_symbols, key=lambda s: s.name):
-            if s in ir.INDIRECT and s not in self.defined:
-                value, size = ir.INDIRECT[s]
-                v = self.value(value)
-                self.emit(f"{s.name} = tl.where({v} < 0, {v} + {size}, {v})")
+            if isinstance(s, Indirect) and s not in self.defined:
+                self.p.syms.define(s)
+                v = self.value(s.value)
+                self.emit(f"{s.name} = tl.where({v} < 0, {v} + {s.size}, {v})")
                 self.defined.add(s)
         return index_code(e)
 

@@ -5,7 +5,6 @@ init + atomic pass for scatters. Sizes are baked in; int64 index math only when 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 import sympy
@@ -14,6 +13,7 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import ComputeNode, LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
+from trainc.codegen.symbols import Symbols
 from trainc.codegen.triton.exprs import (TL, Body, _interpreting, cast_code, compute,
                                           index_code, literal, tl_compute, to_dtype, widen)
 from trainc.codegen.triton.split import Scratch, split_source, splittable
@@ -26,7 +26,9 @@ BIG_INDEX = 2**62  # argmax lanes that have not seen a value yet
 @dataclass(frozen=True)
 class KernelSource:
     name: str
-    source: str  # @triton.jit functions (scatters: name + "_init", name[, name + "_cast"])
+    # the @triton.jit functions, as (name suffix, what follows "def <name><suffix>"); scatters:
+    # "_init", ""[, "_cast"]; split: one per stage. Without the name: equal kernels are equal.
+    funcs: tuple[tuple[str, str], ...]
     params: tuple[str, ...]
     mode: str  # "1d" | "2d" | "scatter"
     xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
@@ -40,6 +42,11 @@ class KernelSource:
     # tiles, looped over r instead
     column: bool = False
 
+    @property
+    def source(self) -> str:
+        return "\n\n\n".join(f"@triton.jit\ndef {self.name}{suffix}{rest}"
+                               for suffix, rest in self.funcs)
+
 
 LOW = (torch.bfloat16, torch.float16)
 
@@ -48,15 +55,15 @@ def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _column(kern: Kernel) -> bool:
+def _column(kern: Kernel, syms: Symbols) -> bool:
     """More of the reductions' loads are contiguous along the last outer dim than along the
     last reduced dim."""
     if not kern.outer:
         return False
-    osyms = ir.symbols("o", kern.outer)
+    osyms = syms.ranges("o", kern.outer)
     row = col = 0
     for lp in kern.loops:
-        isyms = ir.symbols("i", lp.inner)
+        isyms = syms.ranges("i", lp.inner)
         if not isyms:
             continue
         for n in lp.steps:
@@ -74,6 +81,7 @@ def _column(kern: Kernel) -> bool:
 class KernelPrinter:
     def __init__(self, kern: Kernel, g: LoweredGraph, precise_div: bool = True):
         self.k, self.g = kern, g
+        self.syms = g.symbols.kernel(kern.name)  # this kernel's own: its source is its own
         self.precise_div = precise_div
         self.exact_divs: set = set()  # divisions printed IEEE-rounded whatever precise_div
         self.params: dict[str, bool] = {}
@@ -95,6 +103,15 @@ class KernelPrinter:
     def tmp(self) -> str:
         self._tmp += 1
         return f"t{self._tmp}"
+
+    def param(self, buf: str, written: bool = False) -> str:
+        """Buffer `buf` as a parameter, named by its position: launches pass buffers by
+        position, so the layers of a model print one kernel and share its compile."""
+        self.params[buf] = self.params.get(buf, False) or written
+        return f"in_{list(self.params).index(buf)}"
+
+    def param_names(self) -> list[str]:
+        return [f"in_{k}" for k in range(len(self.params))]
 
     def const(self, e: ir.Const) -> str:
         key = (repr(e.value), e.dtype)
@@ -138,9 +155,9 @@ class KernelPrinter:
         m = self.mask(body.axes_of(e.index))
         if e.buf in self.rename_loads:  # kept in compute precision: no conversion
             return f"tl.load({self.rename_loads[e.buf]} + {idx})"
-        param = self.rename.get(e.buf, e.buf)
-        self.params.setdefault(param, False)
-        self.loaded.add(param)
+        buf = self.rename.get(e.buf, e.buf)
+        param = self.param(buf)
+        self.loaded.add(buf)
         code = f"tl.load({param} + {idx}" + (f", mask={m}, other=0)" if m else ")")
         dtype = self.g.buffers[e.buf].dtype
         return widen(code, dtype) if dtype in (torch.bfloat16, torch.float16) else code
@@ -148,10 +165,9 @@ class KernelPrinter:
     def store(self, body: Body, buf: str, idx: str, v: str, zeros: str, mask: str,
               atomic: bool = False) -> None:
         dt = self.g.buffers[buf].dtype
-        buf = self.rename.get(buf, buf)
-        self.params[buf] = True
+        param = self.param(self.rename.get(buf, buf), written=True)
         f = "tl.atomic_add" if atomic else "tl.store"
-        body.emit(f"{f}({buf} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})")
+        body.emit(f"{f}({param} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})")
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
@@ -161,7 +177,7 @@ class KernelPrinter:
             ks = self._pointwise()
         elif self.mode == "split":
             funcs, stages, scratch = split_source(self)
-            ks = KernelSource(self.k.name, "\n".join(funcs).rstrip(), tuple(self.params), "split",
+            ks = KernelSource(self.k.name, tuple(funcs), tuple(self.params), "split",
                               1, max(_numel(lp.inner) for lp in self.k.loops), 0, (),
                               tuple(stages), tuple(scratch))
         else:
@@ -169,16 +185,18 @@ class KernelPrinter:
         both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
         return dataclasses.replace(ks, inplace=both)
 
-    def _header(self, name: str, body: Body, n: int, extra: str = "",
-                scratch: tuple = ()) -> list[str]:
-        params = "".join(f"{p}, " for p in [*self.params, *(s.name for s in scratch)])
+    def _func(self, suffix: str, body: Body, n: int, extra: str = "",
+              scratch: tuple = ()) -> tuple[str, str]:
+        """(suffix, the function after its name) of a function over `n` elements."""
+        params = "".join(f"{p}, " for p in [*self.param_names(), *(s.name for s in scratch)])
         pid = "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
-        shape2 = self.mode == "2d" and name == self.k.name
+        shape2 = self.mode == "2d" and suffix == ""
         ar = "tl.arange(0, XBLOCK)[:, None]" if shape2 else "tl.arange(0, XBLOCK)"
         zs = "[XBLOCK, 1]" if shape2 else "[XBLOCK]"
-        return ([f"@triton.jit", f"def {name}({params}XBLOCK: tl.constexpr{extra}):",
-                 f"    xindex = {pid} * XBLOCK + {ar}", f"    xmask = xindex < {n}",
-                 f"    xz = tl.zeros({zs}, tl.int32)"] + self.const_lines + body.lines)
+        return suffix, "\n".join(
+            [f"({params}XBLOCK: tl.constexpr{extra}):", f"    xindex = {pid} * XBLOCK + {ar}",
+             f"    xmask = xindex < {n}", f"    xz = tl.zeros({zs}, tl.int32)"]
+            + self.const_lines + body.lines)
 
     def _split(self, body: Body, var: str, syms, shape, axis: str) -> None:
         """Unflatten `var` into one symbol per dim (row-major)."""
@@ -191,7 +209,7 @@ class KernelPrinter:
     def _pointwise(self) -> KernelSource:
         lp = self.k.loops[0]
         shape = tuple(self.k.outer) + tuple(lp.inner)
-        syms = ir.symbols("o", self.k.outer) + ir.symbols("i", lp.inner)
+        syms = self.syms.ranges("o", self.k.outer) + self.syms.ranges("i", lp.inner)
         body = Body(self, "    ")
         self._split(body, "xindex", syms, shape, "x")
         for n in lp.steps:
@@ -201,29 +219,29 @@ class KernelPrinter:
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
             self.values[n.name] = v
         total = _numel(shape)
-        lines = self._header(self.k.name, body, total)
-        return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "1d", total, 0, 0)
+        return KernelSource(self.k.name, (self._func("", body, total),), tuple(self.params), "1d",
+                            total, 0, 0)
 
     def _tiled(self) -> KernelSource:
-        osyms = ir.symbols("o", self.k.outer)
+        osyms = self.syms.ranges("o", self.k.outer)
         body = Body(self, "    ")
         self._split(body, "xindex", osyms, self.k.outer, "x")
         rmax = max((_numel(lp.inner) for lp in self.k.loops), default=1)
         # Only rows that would be persistent tiles: long column sums (mlp's and gpt's bias
         # gradients) were 8% (mlp bf16) slower on the H200 with wide x tiles than looped rows.
         fits = next_pow2(rmax) <= PERSISTENT_LIMIT
-        column = fits and not self.k.scratch and _column(self.k)
+        column = fits and not self.k.scratch and _column(self.k, self.syms)
         persistent = fits and not column
         shared: dict = {}  # persistent: inner shape -> (isyms, rindex, rmask, rz)
         written: set[str] = set()
         for k, lp in enumerate(self.k.loops):
-            if k and any(l.buf in written for n in lp.steps for l in reads(n)):
+            if k and any(l.buf in written for n in lp.steps for l in reads(n, self.g)):
                 body.emit("tl.debug_barrier()")  # rows written by an earlier loop of this tile
             self._loop(body, lp, osyms, persistent, shared, k)
             written |= {n.name for n in lp.steps if n.name not in self.k.local}
         extra = "" if persistent else ", RBLOCK: tl.constexpr"
-        lines = self._header(self.k.name, body, _numel(self.k.outer), extra)
-        return KernelSource(self.k.name, "\n".join(lines), tuple(self.params), "2d",
+        func = self._func("", body, _numel(self.k.outer), extra)
+        return KernelSource(self.k.name, (func,), tuple(self.params), "2d",
                             _numel(self.k.outer), rmax, next_pow2(rmax) if persistent else 0,
                             column=column)
 
@@ -232,7 +250,7 @@ class KernelPrinter:
         R = _numel(lp.inner)
         if persistent:
             if lp.inner not in shared:
-                isyms = ir.symbols("i", lp.inner)
+                isyms = self.syms.ranges("i", lp.inner)
                 j = len(shared)
                 shared[lp.inner] = (isyms, f"rindex{j}", f"rmask{j}", f"rz{j}")
                 width = next_pow2(max(R, 1))
@@ -242,7 +260,7 @@ class KernelPrinter:
             width = f"{next_pow2(max(R, 1))}"
             inner = outer
         else:
-            isyms, rindex = ir.symbols("i", lp.inner), f"rindex{k}"
+            isyms, rindex = self.syms.ranges("i", lp.inner), f"rindex{k}"
             self.rmask, self.rz = f"rmask{k}", f"rz{k}"
             width = "RBLOCK"
         reds = [n for n in lp.steps if n.kind == "reduction"]
@@ -281,7 +299,7 @@ class KernelPrinter:
 
     @staticmethod
     def _inner_shape(isyms) -> tuple[int, ...]:
-        return tuple(ir.RANGES[s] for s in isyms)
+        return tuple(s.extent for s in isyms)
 
     # -- reductions ---------------------------------------------------------------------------
     def _acc_init(self, body: Body, n: ComputeNode, width: str) -> list[str]:
@@ -360,7 +378,7 @@ class KernelPrinter:
         out = self.g.buffers[n.name]
         acc = "acc" if n.reduce_op == "add" and out.dtype in LOW else ""
         init = Body(self, "    ")
-        ssyms = ir.symbols("s", n.shape)
+        ssyms = self.syms.ranges("s", n.shape)
         self._split(init, "xindex", ssyms, n.shape, "x")
         v = init.value(n.init(ssyms))
         if acc:
@@ -368,7 +386,7 @@ class KernelPrinter:
         else:
             self.store(init, n.name, init.index(ir.linear(ssyms, out.stride)), v, "xz", "xmask")
         body = Body(self, "    ")
-        vsyms = ir.symbols("v", n.rshape)
+        vsyms = self.syms.ranges("v", n.rshape)
         self._split(body, "xindex", vsyms, n.rshape, "x")
         v = body.value(n.fn(vsyms))
         if acc:
@@ -377,18 +395,16 @@ class KernelPrinter:
         else:
             self.store(body, n.name, body.index(n.index(vsyms)), v, "xz", "xmask",
                        atomic=n.reduce_op == "add")
-        funcs = [(self.k.name + "_init", init, _numel(n.shape)),
-                 (self.k.name, body, _numel(n.rshape))]
+        funcs = [("_init", init, _numel(n.shape)), ("", body, _numel(n.rshape))]
         scratch: tuple = ()
         if acc:
             cast = Body(self, "    ")
             self._split(cast, "xindex", ssyms, n.shape, "x")
             self.store(cast, n.name, cast.index(ir.linear(ssyms, out.stride)),
                        f"tl.load({acc} + xindex, mask=xmask)", "xz", "xmask")
-            funcs.append((self.k.name + "_cast", cast, _numel(n.shape)))
+            funcs.append(("_cast", cast, _numel(n.shape)))
             scratch = (Scratch(acc, _numel(n.shape), torch.float32),)
-        src = "\n\n\n".join("\n".join(self._header(name, b, size, scratch=scratch))
-                             for name, b, size in funcs)
+        src = tuple(self._func(suffix, b, size, scratch=scratch) for suffix, b, size in funcs)
         return KernelSource(self.k.name, src, tuple(self.params), "scatter", _numel(n.shape),
                             _numel(n.rshape), 0, scratch=scratch)
 
@@ -405,7 +421,7 @@ def _mode(kern: Kernel) -> str:
 
 def _needs_int64(kern: Kernel, g: LoweredGraph) -> bool:
     """int64 index math only when some buffer's extent or the iteration space passes int32."""
-    bufs = {l.buf for n in kern.nodes for l in reads(n)} | {n.name for n in kern.nodes}
+    bufs = {l.buf for n in kern.nodes for l in reads(n, g)} | {n.name for n in kern.nodes}
     for b in bufs:
         buf = g.buffers[b]
         extent = 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride) if s > 0)
@@ -418,7 +434,8 @@ def _needs_int64(kern: Kernel, g: LoweredGraph) -> bool:
 
 
 def _expr_dtype(n: ComputeNode) -> torch.dtype:
-    return n.fn(ir.symbols("c", n.shape), ir.symbols("c", n.rshape)).dtype
+    syms = Symbols()  # a probe: its symbols meet no others
+    return n.fn(syms.ranges("c", n.shape), syms.ranges("c", n.rshape)).dtype
 
 
 def _acc_dtype(n: ComputeNode) -> torch.dtype:
@@ -603,20 +620,4 @@ def _argmin_combine(v1, i1, v2, i2):
 
 
 def kernel_source(kern: Kernel, g: LoweredGraph, precise_div: bool = True) -> KernelSource:
-    ks = KernelPrinter(kern, g, precise_div).source()
-    return dataclasses.replace(ks, source=canonical_names(ks.source, ks.params))
-
-
-def canonical_names(src: str, params: tuple[str, ...] = ()) -> str:
-    """Rename the globally numbered index symbols by first appearance and the parameters (buffer
-    names, passed by position) by position, so equal kernels print equal source: the layers of
-    a model share one compiled kernel, and module files and tuning results are found again in
-    other processes."""
-    names: dict[str, str] = {p: f"in_{k}" for k, p in enumerate(params)}
-
-    def sub(m: "re.Match") -> str:
-        return names.setdefault(m.group(0), f"q{len(names) - len(params)}")
-    pattern = r"\b(?:o|i|s|v|ind)\d{8}\b"
-    if params:
-        pattern += "|" + "|".join(rf"\b{re.escape(p)}\b" for p in params)
-    return re.sub(pattern, sub, src)
+    return KernelPrinter(kern, g, precise_div).source()

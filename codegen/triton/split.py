@@ -44,8 +44,9 @@ def chunks(r: int) -> int:
     return max(1, min(MAX_CHUNKS, -(-r // CHUNK_TARGET)))
 
 
-def split_source(p) -> tuple[list[str], list[Stage], list[Scratch]]:
-    """Functions, launch stages and scratch buffers for KernelPrinter `p` (mode "split").
+def split_source(p) -> tuple[list[tuple[str, str]], list[Stage], list[Scratch]]:
+    """Functions (as KernelSource.funcs), launch stages and scratch buffers for KernelPrinter
+    `p` (mode "split").
     Every function takes the kernel's params then the scratch buffers, so one argument list
     serves all stages. Reduction results live in float scratch scalars for later loops."""
     scratch: list[Scratch] = []
@@ -61,24 +62,24 @@ def split_source(p) -> tuple[list[str], list[Stage], list[Scratch]]:
         p.values = {}
         body = Body(p, "    ")
         _stage_a(p, body, lp, k)
-        bodies.append((f"{p.k.name}_a{k}", body.lines))
+        bodies.append((f"_a{k}", body.lines))
         stages.append(Stage(f"{p.k.name}_a{k}", chunks(_numel(lp.inner))))
         reds = [n for n in lp.steps if n.kind == "reduction"]
         if reds:
             body = Body(p, "    ")
             for n in reds:
                 _stage_b(p, body, n, chunks(_numel(lp.inner)))
-            bodies.append((f"{p.k.name}_b{k}", body.lines))
+            bodies.append((f"_b{k}", body.lines))
             stages.append(Stage(f"{p.k.name}_b{k}", 1))
-    params = ", ".join(list(p.params) + [s.name for s in scratch])
+    params = ", ".join(p.param_names() + [s.name for s in scratch])
     pid = "tl.program_id(0).to(tl.int64)" if p.need64 else "tl.program_id(0)"
     funcs = []
-    for name, lines in bodies:
-        funcs += [f"@triton.jit",
-                  f"def {name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
-                  "    xindex = tl.arange(0, XBLOCK)[:, None]", "    xmask = xindex < 1",
-                  "    xz = tl.zeros([XBLOCK, 1], tl.int32)", f"    pid = {pid}"]
-        funcs += p.const_lines + lines + ["", ""]
+    for suffix, lines in bodies:
+        funcs.append((suffix, "\n".join(
+            [f"({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
+             "    xindex = tl.arange(0, XBLOCK)[:, None]", "    xmask = xindex < 1",
+             "    xz = tl.zeros([XBLOCK, 1], tl.int32)", f"    pid = {pid}"]
+            + p.const_lines + lines)))
     return funcs, stages, scratch
 
 
@@ -86,7 +87,7 @@ def _stage_a(p, outer: Body, lp: Loop, k: int) -> None:
     """One chunk of the loop per program: pointwise stores as usual, partial reductions."""
     r = _numel(lp.inner)
     size = -(-r // chunks(r))
-    isyms = ir.symbols("i", lp.inner)
+    isyms = p.syms.ranges("i", lp.inner)
     rindex, p.rmask, p.rz = f"rindex{k}", f"rmask{k}", f"rz{k}"
     reds = [n for n in lp.steps if n.kind == "reduction"]
     accs = {n.name: p._acc_init(outer, n, "RBLOCK") for n in reds}
