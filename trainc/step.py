@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainc import attention, debug, records, rng
+from trainc import attention, debug, distributed, records, rng
 from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
                             prestart_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
@@ -37,6 +37,7 @@ class _Layout:
     fresh: tuple[bool, ...]  # per used param: its optimizer state was just created
     state_keys: tuple[tuple[str, ...], ...]  # per used param
     n_batch: int
+    sync: Optional[distributed.GradSync] = None  # DDP: the gradients' all-reduce in the step
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class CompiledStep:
         self.hooks = optimizer_hooks
         self.rule: Rule = rule_for(optimizer)
         self.clip, self.config = clip_grad_norm, config
+        self.ddp = distributed.ddp_of(model)
         self.wrapper = _LossModule(model, loss_fn)
         self.cache: dict[tuple, _Compiled] = {}
         self.compiles = 0  # graphs compiled so far (a new lr or batch of the same shape: none)
@@ -91,6 +93,7 @@ class CompiledStep:
         # Eager accumulation runs no optimizer.step(), so no hooks; pre-hooks run before the
         # key is built, as they may change hyperparameters (or flags) of this step.
         post = [] if accumulate else run_pre_hooks(self.optimizer, self.hooks)
+        distributed.sync_buffers_before(self.ddp)
         loss = self._step(batch, accumulate)
         run_post_hooks(self.optimizer, post)
         return loss
@@ -119,8 +122,9 @@ class CompiledStep:
         groups = tuple(self.rule.flags(g) for g in self.optimizer.param_groups)
         autocast = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                          for d in ("cpu", "cuda"))
+        sync = self.ddp is not None and self.ddp.require_backward_grad_sync
         return (accumulate, ps, groups, tuple(_tkey(b) for _, b in self.buffers),
-                tuple(_tkey(x) for x in batch), self.model.training, autocast, self.clip)
+                tuple(_tkey(x) for x in batch), self.model.training, autocast, self.clip, sync)
 
     def _flat_inputs(self, layout: _Layout, batch) -> list:
         used = [self.params[i][1] for i in layout.params]
@@ -146,8 +150,9 @@ class CompiledStep:
                 self.optimizer.state[p].update(init)
         keys = tuple(tuple(self.rule.state(self.group_of[id(self.params[i][1])]))
                      if not accumulate else () for i in used)
+        sync = distributed.grad_sync(self.ddp, [self.params[i][0] for i in used])
         layout = _Layout(tuple(used), tuple(self.params[i][1].grad is not None for i in used),
-                         tuple(fresh), keys, len(batch))
+                         tuple(fresh), keys, len(batch), sync)
         flat = self._flat_inputs(layout, batch)
         # about 4 graph nodes per parameter (one layer's ops): the worker count's scale
         with compile_workers(self.config.backend, _device(flat), self.config, 4 * len(used)), \
@@ -196,7 +201,7 @@ class CompiledStep:
     def _used_params(self, batch) -> list[int]:
         """Indices of parameters that receive a gradient (eager skips the others entirely)."""
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with mode, torch.enable_grad():
+        with mode, torch.enable_grad(), distributed.traced_forward(self.ddp):
             leaves = {n: mode.from_tensor(p).detach().requires_grad_(True) for n, p in self.params}
             bufs = {n: mode.from_tensor(b) for n, b in self.buffers}
             fake_batch = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in batch]
@@ -219,7 +224,7 @@ class CompiledStep:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         # Inputs enter as plain (non-grad) tensors: the graph writes parameters in place.
         fakes = [mode.from_tensor(x.detach()) if isinstance(x, torch.Tensor) else x for x in flat]
-        with mode:
+        with mode, distributed.traced_forward(self.ddp):
             extra = [torch.empty((), device=_device(flat))] if tangent else []
             extra.append(torch.empty((), dtype=torch.int64))
             gm = trace_functional(fn, *fakes, *extra)
@@ -256,6 +261,8 @@ class CompiledStep:
                 grads = list(torch.autograd.grad(loss, used, seed_grad))
             with torch.no_grad():
                 grads = [g + acc.pop(0) if a else g for g, a in zip(grads, layout.acc)]
+                if layout.sync is not None:  # eager DDP's .grad: averaged over the group
+                    grads = distributed.average_grads(grads, layout.sync)
                 if accumulate:
                     return [loss.detach(), *grads]
                 if self.clip is not None:
@@ -364,6 +371,10 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     run where eager runs them (between backward and update, with .grad set): by default a
     registered hook is an error at the next step; `optimizer_hooks="run"` calls pre-hooks
     before and post-hooks after the whole compiled step, with .grad None.
+    A DistributedDataParallel model's gradients are averaged over its process group inside the
+    step (bucketed functional all-reduces, ATen fallbacks), as eager DDP's reducer does; inside
+    `model.no_sync()` they stay local. DDP options it cannot reproduce and FSDP-sharded models
+    raise UnsupportedError (trainc/distributed.py).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
