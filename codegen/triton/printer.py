@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 import sympy
 import torch
@@ -17,6 +18,7 @@ from trainc.codegen.symbols import Symbols
 from trainc.codegen.triton.exprs import (TL, Body, _interpreting, cast_code, compute,
                                           index_code, literal, tl_compute, to_dtype, widen)
 from trainc.codegen.triton.split import Scratch, split_source, splittable
+from trainc.codegen.triton.transpose import TILE_X, tile_lines, transposed_dims
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
@@ -98,6 +100,7 @@ class KernelPrinter:
         self._tmp = 0
         self.need64 = _needs_int64(kern, g)
         self.mode = _mode(kern)
+        self.tile: Optional[tuple[int, int]] = None  # pointwise: transpose.py's tile dims
         self.rmask, self.rz = "rmask", "rz"
 
     def tmp(self) -> str:
@@ -189,14 +192,16 @@ class KernelPrinter:
               scratch: tuple = ()) -> tuple[str, str]:
         """(suffix, the function after its name) of a function over `n` elements."""
         params = "".join(f"{p}, " for p in [*self.param_names(), *(s.name for s in scratch)])
-        pid = "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
+        pid = self._pid()
         shape2 = self.mode == "2d" and suffix == ""
         ar = "tl.arange(0, XBLOCK)[:, None]" if shape2 else "tl.arange(0, XBLOCK)"
         zs = "[XBLOCK, 1]" if shape2 else "[XBLOCK]"
-        return suffix, "\n".join(
-            [f"({params}XBLOCK: tl.constexpr{extra}):", f"    xindex = {pid} * XBLOCK + {ar}",
-             f"    xmask = xindex < {n}", f"    xz = tl.zeros({zs}, tl.int32)"]
-            + self.const_lines + body.lines)
+        head = [f"({params}XBLOCK: tl.constexpr{extra}):", f"    xindex = {pid} * XBLOCK + {ar}",
+                f"    xmask = xindex < {n}", f"    xz = tl.zeros({zs}, tl.int32)"]
+        if self.tile is not None:  # transpose.py: every tile is whole
+            head[1:] = [f"    xz = tl.zeros([XBLOCK // {TILE_X}, {TILE_X}], tl.int32)",
+                        "    xmask = xz == 0"]
+        return suffix, "\n".join(head + self.const_lines + body.lines)
 
     def _split(self, body: Body, var: str, syms, shape, axis: str) -> None:
         """Unflatten `var` into one symbol per dim (row-major)."""
@@ -211,7 +216,14 @@ class KernelPrinter:
         shape = tuple(self.k.outer) + tuple(lp.inner)
         syms = self.syms.ranges("o", self.k.outer) + self.syms.ranges("i", lp.inner)
         body = Body(self, "    ")
-        self._split(body, "xindex", syms, shape, "x")
+        self.tile = self._transposed(lp, syms, shape)
+        if self.tile is None:
+            self._split(body, "xindex", syms, shape, "x")
+        else:
+            for s in syms:
+                self.sym_axes[s] = frozenset({"x"})
+            for line in tile_lines(syms, shape, *self.tile, self._pid()):
+                body.emit(line)
         for n in lp.steps:
             v = body.value(n.fn(syms))
             if n.name not in self.k.local:
@@ -221,6 +233,23 @@ class KernelPrinter:
         total = _numel(shape)
         return KernelSource(self.k.name, (self._func("", body, total),), tuple(self.params), "1d",
                             total, 0, 0)
+
+    def _transposed(self, lp: Loop, syms, shape) -> Optional[tuple[int, int]]:
+        """transpose.py's (store dim, load dim) for this pointwise loop, if it transposes."""
+        stored = [n for n in lp.steps if n.name not in self.k.local]
+        stores = [ir.linear(syms, self.k.layout(n.name, self.g).stride) for n in stored]
+        # only loads as large as the loop: a broadcast row vector read along the other dim is
+        # no reason to tile
+        loads = [x.index for n in lp.steps for x in ir.walk(n.fn(syms))
+                 if isinstance(x, ir.Load) and x.buf not in self.k.local
+                 and 2 * _numel(self.g.buffers[x.buf].shape) >= _numel(shape)]
+        if any(isinstance(x, ir.Op) and x.name.startswith("philox")
+               for n in lp.steps for x in ir.walk(n.fn(syms))):
+            return None
+        return transposed_dims(syms, shape, stores, loads)
+
+    def _pid(self) -> str:
+        return "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
 
     def _tiled(self) -> KernelSource:
         osyms = self.syms.ranges("o", self.k.outer)
