@@ -143,6 +143,7 @@ class GraphLowering:
         # id of a lazy in-place result -> (that value, the buffer whose storage it may take)
         self._hints: dict[int, tuple[TensorValue, str]] = {}
         self._input_bufs: dict[str, str] = {}  # placeholder name -> its input buffer
+        self._as_args: dict[int, tuple] = {}  # id of a lazy value -> (it, its realized buffer)
 
     # -- buffers ------------------------------------------------------------------------
     def new_buffer(self, shape, dtype, kind: str, stride=None, prefix: str = "buf") -> str:
@@ -246,9 +247,13 @@ class GraphLowering:
         return b.shape == v.shape and b.stride == v.view.stride and b.dtype == v.dtype
 
     def tensor_arg(self, v: TensorValue) -> TensorArg:
-        """A value as an ATen call argument: strided views pass through, others are realized."""
+        """A value as an ATen call argument: strided views pass through, others are realized,
+        once for all the calls reading them (q/k/v projections of one normalized input)."""
         if v.view is None or self.g.buffers[v.view.buf].dtype != v.dtype:
-            v = self.realize(v)
+            done = self._as_args.get(id(v))
+            if done is None or done[0] is not v:
+                done = self._as_args[id(v)] = (v, self.realize(v))
+            v = done[1]
         b = self.g.buffers[v.view.buf]
         whole = b.shape == v.shape and b.stride == v.view.stride and v.view.offset == 0
         return TensorArg(v.view.buf, v.shape, v.view.stride, v.view.offset, whole)
