@@ -16,6 +16,7 @@ from trainc.passes._graph import DEFER_RECOMPILE, allocation_stats
 from trainc.passes.check_mutations import MutationError, check_mutations
 from trainc.passes.eliminate_common_subexpressions import eliminate_common_subexpressions
 from trainc.passes.fold_constants import fold_constants
+from trainc.passes.pad_matmuls import pad_matmuls
 from trainc.passes.reinplace_ops import MUTABLE_INPUTS, REINPLACED, reinplace_ops
 from trainc.passes.remove_aliases import remove_aliases
 from trainc.passes.remove_dead_code import remove_dead_code
@@ -30,7 +31,7 @@ JOINT_PASSES: list[Pass] = [remove_aliases, remove_noops, fold_constants, rewrit
                             eliminate_common_subexpressions, remove_noops, remove_dead_code]
 # Run on the forward and backward graphs separately, after the partition; only
 # reinplace_ops introduces mutation, so it runs last.
-POST_GRAD_PASSES: list[Pass] = [remove_dead_code, reinplace_ops]
+POST_GRAD_PASSES: list[Pass] = [remove_dead_code, pad_matmuls, reinplace_ops]
 
 
 @dataclass(frozen=True)
