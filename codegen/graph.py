@@ -109,6 +109,9 @@ class LoweredGraph:
     buffers: dict[str, Buffer] = field(default_factory=dict)
     steps: list = field(default_factory=list)  # ComputeNode | CallNode, in program order
     inputs: list[str] = field(default_factory=list)  # placeholder buffers, in order
+    # every placeholder's name in the wrapper's unpacking of its arguments: its buffer, or
+    # "_" for a Python number the graph has baked in (the caller still passes it)
+    params: list[str] = field(default_factory=list)
     consts: dict[str, torch.Tensor] = field(default_factory=dict)
     outputs: list = field(default_factory=list)  # TensorArg | python value per graph output
     # buffer -> buffer whose storage it may take (an in-place op's result and the buffer the
@@ -378,12 +381,15 @@ class GraphLowering:
         if kind == "const":
             v = getattr(self.gm, node.target)
         if not isinstance(v, torch.Tensor):
+            if kind == "input":
+                self.g.params.append("_")
             return v
         name = self.new_buffer(v.shape, v.dtype, kind, v.stride(), prefix="arg")
         if kind == "const":
             self.g.consts[name] = v
         else:
             self.g.inputs.append(name)
+            self.g.params.append(name)
             self._input_bufs[node.name] = name
         return self.load(name)
 

@@ -324,7 +324,7 @@ class _Writer:
 
     def write(self) -> str:
         g = self.g
-        self.emit(f"{', '.join(g.inputs) + ',' if g.inputs else '_'} = args")
+        self.emit(f"{', '.join(g.params) + ',' if g.params else '_'} = args")
         self.emit("args.clear()")  # run(args) takes the inputs over: see free()
         self.unchecked = list(g.inputs)
         self.uploads = self._scalar_groups()

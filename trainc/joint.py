@@ -17,9 +17,10 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trainc import attention, decomps, rng
+from trainc import attention, decomps, rng, scalars
 from trainc.graph import (GraphSignature, InputInfo, InputKind, JointGraph, OutputInfo,
                           OutputKind, is_dense)
 
@@ -44,10 +45,13 @@ class _Analysis:
 def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                 training: bool, fuse_attention: bool = True) -> JointGraph:
     """Trace `gm(*args)` (and, when training, its backward) into a functional joint graph."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    scalar_inputs = scalars.read_by_item(gm, args)
+    # .item() of a scalar input traces as an unbacked symbol (scalars.tensorize rewrites it)
+    mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True,
+                          shape_env=ShapeEnv() if scalar_inputs else None)
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     requires_grad = [training and isinstance(a, torch.Tensor) and a.requires_grad for a in args]
-    with mode, _data_dependent_is_unsupported():
+    with mode, _data_dependent_is_unsupported(), _unbacked_ignored(mode):
         info = _analyze(gm, fakes, requires_grad, training)
         training = training and bool(info.tangents)
         seed = torch.empty((), dtype=torch.int64)
@@ -55,6 +59,8 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
     fn, grads, rewrites = _joint_fn(gm, info, requires_grad, training, len(args), fuse_attention)
     with mode, _data_dependent_is_unsupported():
         functional = trace_functional(fn, *fakes, seed, *tangents)
+        if scalar_inputs:
+            functional = scalars.tensorize(functional, scalar_inputs)
     has_rng, mutated = finish_graph(functional, len(args), len(tangents))
     for i in mutated:
         if requires_grad[i] and training:
@@ -70,6 +76,12 @@ def trace_joint(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                          tangents=info.tangents if training else (),
                          grads=tuple(grads) if training else (), training=training)
     return JointGraph(functional, sig, rewrites[0])
+
+
+def _unbacked_ignored(mode: FakeTensorMode):
+    """The analysis run's .item() symbols are not graph values: make_fx must not look for them."""
+    env = mode.shape_env
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
 
 
 def trace_functional(fn, *args) -> fx.GraphModule:

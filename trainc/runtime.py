@@ -16,10 +16,14 @@ import torch
 from trainc import accumulate, rng
 from trainc.codegen import CompiledGraph
 from trainc.graph import GraphSignature, OutputKind, is_dense
+from trainc.joint import UnsupportedError
 
 DOUBLE_BACKWARD_MSG = (
     "trainc: double backward (torch.autograd.grad/backward with create_graph=True) through a "
-    "trainc-compiled region is not supported; compute higher-order gradients eagerly")
+    "trainc-compiled region is not supported: its compiled backward is not differentiable, so "
+    "the higher-order terms would be missing. Compute higher-order gradients (gradient "
+    "penalties, Hessian-vector products) without trainc: run that model or function eagerly, "
+    "or with torch.compile(..., backend=\"eager\")")
 
 
 @dataclass(frozen=True)
@@ -217,8 +221,8 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError(DOUBLE_BACKWARD_MSG)
+        if torch.is_grad_enabled():  # create_graph=True: never a silent first-order answer
+            raise UnsupportedError(DOUBLE_BACKWARD_MSG)
         art: Artifact = ctx.art
         sig = art.signature
         tensors, others = iter(ctx.saved_tensors), iter(ctx.non_tensors)
