@@ -28,8 +28,20 @@ def compile(model_or_fn: Callable, *, backend: str = "auto", memory_budget: Any 
 
 
 @dataclass(frozen=True)
+class GraphBreak:
+    """Where Dynamo split the user's code into several graphs, and why."""
+    reason: str  # Dynamo's first line, e.g. "Call to `torch._dynamo.graph_break()`"
+    filename: str
+    lineno: int
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Explanation:
     graphs: tuple[records.GraphRecord, ...]
+    graph_breaks: tuple[GraphBreak, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -87,6 +99,8 @@ class Explanation:
                      "as scaled_dot_product_attention\n")
         if self.fallback_ops:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
+        for b in self.graph_breaks:
+            text += f"graph break: {b}\n"
         text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:
@@ -122,7 +136,19 @@ def explain(model_or_fn: Callable, *args: Any, **compile_options: Any) -> Explan
             "class's forward) after torch._dynamo.config.recompile_limit "
             f"({torch._dynamo.config.recompile_limit}) compilations with different options or "
             "instances in one process; call torch._dynamo.reset() before explaining again.")
-    return Explanation(tuple(recs))
+    return Explanation(tuple(recs), _graph_breaks(recs.breaks))
+
+
+def _graph_breaks(reasons) -> tuple[GraphBreak, ...]:
+    """Dynamo's graph-break reasons, each at the user's line that caused it."""
+    out = []
+    for r in reasons:
+        stack = list(r.user_stack or [])
+        frame = stack[-1] if stack else None
+        out.append(GraphBreak(r.reason.strip().splitlines()[0] if r.reason else "?",
+                              frame.filename if frame else "?",
+                              frame.lineno if frame else 0))
+    return tuple(out)
 
 
 def _snapshot(obj) -> dict:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.fx as fx
 
-from trainc import runtime, scalars
+from trainc import records, runtime, scalars
 from trainc.config import Config, make_config
 from trainc.graph import InputKind
 from trainc.pipeline import compile_graph
@@ -23,6 +23,9 @@ def dynamo_backend(gm: fx.GraphModule, example_inputs: Sequence, *, options: Opt
     """The `torch.compile(backend="trainc", options={...})` entry point."""
     if config is None:
         config = make_config(**(options or {}))
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is not None and getattr(reason, "graph_break", False):
+        records.note_graph_break(reason)
     return GraphRunner(gm, input_kinds(gm, example_inputs), config)
 
 

@@ -84,10 +84,23 @@ def _count(gm: fx.GraphModule) -> int:
 _recorders: list[list[GraphRecord]] = []
 
 
+class Recording(list):
+    """GraphRecords of the compiles in a `recording()` block; `.breaks`: Dynamo's graph-break
+    reasons (GraphCompileReason) of the graphs handed to trainc there."""
+    def __init__(self):
+        super().__init__()
+        self.breaks: list = []
+
+
+def note_graph_break(reason) -> None:
+    for r in _recorders:
+        r.breaks.append(reason)
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[list[GraphRecord]]:
+def recording() -> Iterator[Recording]:
     """Collect the GraphRecords of every compile that happens inside the block."""
-    records: list[GraphRecord] = []
+    records = Recording()
     _recorders.append(records)
     try:
         yield records

@@ -124,3 +124,21 @@ def test_package_does_not_import_forbidden_compilers():
                 if f.endswith(".py"):
                     text = open(os.path.join(dirpath, f)).read()
                     assert not any(b in text for b in bad), os.path.join(dirpath, f)
+
+
+def test_explain_lists_graph_breaks_at_the_users_line():
+    import inspect
+
+    def broken(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    line = inspect.getsourcelines(broken)[1] + 2
+    e = trainc.explain(broken, torch.randn(4, requires_grad=True), backend="aten")
+    assert len(e.graphs) == 2
+    assert [(b.filename, b.lineno) for b in e.graph_breaks] == [(__file__, line)]
+    assert "graph_break()" in e.graph_breaks[0].reason and f":{line}:" in str(e)
+    whole = trainc.explain(lambda x: x.sin().cos(), torch.randn(4, requires_grad=True),
+                           backend="aten")
+    assert whole.graph_breaks == ()
