@@ -199,7 +199,7 @@ def _val(a):
 class _Rewriter:
     def __init__(self, gm: fx.GraphModule, held: dict[fx.Node, fx.Node]):
         self.gm, self.held = gm, held
-        self.casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+        self.casts: dict[tuple, fx.Node] = {}  # (node, dtype, device) -> its cast
 
     def new(self, target, args: tuple, kwargs: Optional[dict] = None) -> fx.Node:
         kwargs = kwargs or {}
@@ -208,19 +208,21 @@ class _Rewriter:
                                   **{k: _val(v) for k, v in kwargs.items()})
         return node
 
-    def cast(self, t: fx.Node, dtype: torch.dtype, fresh: bool = False) -> fx.Node:
+    def cast(self, t: fx.Node, dtype: torch.dtype, fresh: bool = False,
+             device: Optional[torch.device] = None) -> fx.Node:
         if t.meta["val"].dtype == dtype and not fresh:
             return t
-        key = (t, dtype)
+        kw = {"dtype": dtype} | ({"device": device} if device is not None else {})
+        key = (t, dtype, device)
         if key not in self.casts or fresh:
-            self.casts[key] = self.new(aten._to_copy.default, (t,), {"dtype": dtype})
+            self.casts[key] = self.new(aten._to_copy.default, (t,), kw)
         return self.casts[key]
 
     def replace(self, old: fx.Node, new: fx.Node) -> None:
         o, n = old.meta["val"], new.meta["val"]
         if not (isinstance(o, torch.Tensor) and isinstance(n, torch.Tensor)
-                and o.dtype == n.dtype and o.shape == n.shape):
-            raise ScalarFallback(f"{old.name}: rewritten with another dtype or shape")
+                and o.dtype == n.dtype and o.shape == n.shape and o.device == n.device):
+            raise ScalarFallback(f"{old.name}: rewritten with another dtype, shape or device")
         old.replace_all_uses_with(new)
         self.gm.graph.erase_node(old)
 
@@ -255,7 +257,8 @@ class _Rewriter:
         if value not in self.held or out.dtype == torch.bool or any(
                 a in self.held for a in _flat(sizes)):
             raise ScalarFallback(f"{node.target}: a scalar input as a size")
-        t = self.cast(self.held[value], out.dtype, fresh=True)
+        moved = out.device if out.device != self.held[value].meta["val"].device else None
+        t = self.cast(self.held[value], out.dtype, fresh=True, device=moved)
         if node.target is aten.full.default:  # -0.0 + v == v for every v, signed zeros too
             zero = -0.0 if out.dtype.is_floating_point else 0
             base = self.new(aten.full.default, (node.args[0], zero), dict(node.kwargs))
