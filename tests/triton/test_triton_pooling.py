@@ -1,6 +1,7 @@
-"""Triton lowerings of 2-d max/avg pooling (forward and backward) and hardtanh against eager
+"""Triton lowerings of 2-d max/avg pooling (forward and backward) hardtanh and cumsum against eager
 (the same cases as tests/codegen/test_cpp_pooling.py)."""
 import pytest
+import torch
 
 from pool_cases import AVG_CASES, MAX_CASES, avg_pool, hardtanh, max_pool, special
 from triton_helpers import check
@@ -20,3 +21,10 @@ def test_avg_pool_and_backward(case):
 
 def test_hardtanh_and_backward():
     check(hardtanh, special(37))
+
+
+def test_cumsum_int_and_float_along_any_dim():
+    def f(m, a):
+        return torch.cumsum(m, 1), torch.cumsum(a, 0), torch.cumsum(a, -1, dtype=torch.float64)
+    m = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.int32)
+    check(f, m, torch.randn(7, 13))
