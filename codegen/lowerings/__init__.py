@@ -48,4 +48,4 @@ def _dtypes_fit(node) -> bool:
 
 
 from trainc.codegen.lowerings import (  # noqa: E402,F401  (registration side effects)
-    indexing, pointwise, reductions, views)
+    indexing, pointwise, pooling, reductions, views)

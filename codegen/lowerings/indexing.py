@@ -1,5 +1,4 @@
-"""Indirect indexing lowerings: embedding, index_select, gather, index, index_put (scatter),
-and max pooling with indices (a windowed pointwise op and its non-overlapping backward)."""
+"""Indirect indexing lowerings: embedding, index_select, gather, index, index_put (scatter)."""
 from __future__ import annotations
 
 import sympy
@@ -148,72 +147,3 @@ def scatter_value(ctx, node, x, dim, index, value):
 def scatter_src(ctx, node, x, dim, index, src):
     dim = norm_dim(dim, len(x.shape))
     return _scatter_one(node, x, dim, index, src)
-
-
-def _pool_args(x, kernel, stride, padding, dilation, ceil_mode):
-    kernel = list(kernel) * (2 // len(kernel))
-    stride = (list(stride) * (2 // len(stride))) if stride else kernel
-    if any(p != 0 for p in padding) or any(d != 1 for d in dilation) or ceil_mode:
-        return None
-    return kernel, stride
-
-
-@register(aten.max_pool2d_with_indices.default)
-def max_pool2d(ctx, node, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
-    args = _pool_args(x, kernel, stride, padding, dilation, ceil_mode)
-    if args is None:
-        return NotImplemented
-    (kh, kw), (sh, sw) = args
-    out, ind_meta = node.meta["val"]
-    W = x.shape[-1]
-    dt = opmath(x.dtype)
-
-    def chain(i):
-        *lead, oh, ow = i
-        best = bi = None
-        for a in range(kh):
-            for b in range(kw):
-                h, w = oh * sh + a, ow * sw + b
-                v, pos = cast(x(list(lead) + [h, w]), dt), IndexValue(h * W + w)
-                if best is None:
-                    best, bi = v, pos
-                    continue
-                take = ir.op("or", torch.bool, ir.op("gt", torch.bool, v, best),
-                             ir.op("isnan", torch.bool, v))
-                best, bi = ir.op("where", dt, take, v, best), ir.op("where", I64, take, pos, bi)
-        return best, bi
-    values = TensorValue(tuple(out.shape), out.dtype, lambda i: chain(i)[0])
-    indices = TensorValue(tuple(ind_meta.shape), I64, lambda i: chain(i)[1])
-    return values, indices
-
-
-@register(aten.max_pool2d_with_indices_backward.default)
-def max_pool2d_backward(ctx, node, g, x, kernel, stride, padding, dilation, ceil_mode, indices):
-    args = _pool_args(x, kernel, stride, padding, dilation, ceil_mode)
-    if args is None or args[0] != args[1]:
-        return NotImplemented  # overlapping windows: several outputs feed one input
-    (kh, kw), (sh, sw) = args
-    out = node.meta["val"]
-    OH, OW = g.shape[-2:]
-    H, W = x.shape[-2:]
-    dt = opmath(out.dtype)
-
-    def window(q, s, n_out, n_in):
-        """The window holding input position q, and whether one does: rows and columns past
-        the last whole window get no gradient. When the windows tile the input exactly
-        (n_out * s == n_in) every position is inside one and no clamp is needed."""
-        if n_out * s == n_in:
-            return ir.FloorDiv(q, s), None
-        return (sympy.Min(ir.FloorDiv(q, s), n_out - 1),
-                ir.op("lt", torch.bool, IndexValue(q), Const(n_out * s, I64)))
-
-    def fn(i):
-        *lead, h, w = i
-        (oh, in_h), (ow, in_w) = window(h, sh, OH, H), window(w, sw, OW, W)
-        hit = ir.op("eq", torch.bool, cast(indices(list(lead) + [oh, ow]), I64),
-                    IndexValue(h * W + w))
-        for inside in (in_h, in_w):
-            if inside is not None:
-                hit = ir.op("and", torch.bool, hit, inside)
-        return ir.op("where", dt, hit, cast(g(list(lead) + [oh, ow]), dt), const(0, dt))
-    return TensorValue(tuple(out.shape), out.dtype, fn)

@@ -165,6 +165,12 @@ def clamp(ctx, node, x, lo=None, hi=None):
     return TensorValue(shape, node.meta["val"].dtype, fn)
 
 
+@register(aten.hardtanh.default)
+def hardtanh(ctx, node, x, lo=-1, hi=1):
+    """ReLU6 and friends: clamp(x, lo, hi), NaN kept (eager's hardtanh is clamp)."""
+    return clamp(ctx, node, x, lo, hi)
+
+
 @register(aten.relu.default)
 def relu(ctx, node, x):
     dt = opmath(node.meta["val"].dtype)

@@ -1,5 +1,5 @@
 """Reduction lowerings: sum/mean/prod/amax/amin/argmax, var_mean, softmax, log_softmax,
-logsumexp and layer norm statistics (two-pass: the mean first, then centered squares)."""
+logsumexp, cumsum and layer norm statistics (two-pass: the mean first, then centered squares)."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from trainc.codegen import ir
-from trainc.codegen.ir import TensorValue
+from trainc.codegen.ir import IndexValue, TensorValue
 from trainc.codegen.lowerings import register
 from trainc.codegen.lowerings.common import cast, const, expand, norm_dim, numel, opmath
 from trainc.codegen.lowerings.views import reshape
@@ -235,3 +235,26 @@ def native_layer_norm(ctx, node, x, normalized_shape, weight, bias, eps):
     y = TensorValue(x.shape, out.dtype, fn)
     as_meta = lambda v, m: TensorValue(tuple(m.shape), m.dtype, reshape(v, m.shape).fn)
     return y, as_meta(mean, mean_meta), as_meta(rstd, rstd_meta)
+
+
+MAX_SCAN = 1024  # longest cumsum dim computed as a triangular sum (quadratic work)
+
+
+@register(aten.cumsum.default)
+def cumsum(ctx, node, x, dim, *, dtype=None):
+    """out[..., j, ...] = sum over r <= j of x[..., r, ...], added in eager's order (r up)."""
+    out = node.meta["val"]
+    if not x.shape:
+        return _as(x, out.dtype)
+    dim = norm_dim(dim, len(x.shape))
+    n = x.shape[dim]
+    if n > MAX_SCAN or numel(x.shape) * n > 2 ** 28:
+        return NotImplemented  # quadratic work: ATen's scan
+    acc = opmath(out.dtype)
+
+    def fn(i, r):
+        src = list(i)
+        src[dim] = r[0]
+        keep = ir.op("le", torch.bool, IndexValue(r[0]), IndexValue(i[dim]))
+        return ir.op("where", acc, keep, cast(x(src), acc), const(0, acc))
+    return ctx.reduction(tuple(out.shape), (n,), "sum", out.dtype, fn)

@@ -166,10 +166,17 @@ def test_philox_bitwise_equal_to_reference():
     assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.05
 
 
+def test_cumsum_int_and_float_along_any_dim():
+    def f(m, a):
+        return torch.cumsum(m, 1), torch.cumsum(a, 0), torch.cumsum(a, -1, dtype=torch.float64)
+    m = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.int32)
+    check(f, m, torch.randn(7, 13))
+
+
 def test_fallback_runs_aten_and_is_listed():
-    def f(a):
+    def f(a):  # too long a dim for the triangular cumsum
         return torch.cumsum(a, 1) * 2 + 1
-    a = torch.randn(4, 9)
+    a = torch.randn(2, 1100)
     c = compile_cpp(f, a)
     assert_same(c.run([a])[0], f(a))
     assert c.fallback_ops == ("aten.cumsum.default",)
