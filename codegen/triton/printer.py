@@ -238,14 +238,13 @@ class KernelPrinter:
         """transpose.py's (store dim, load dim) for this pointwise loop, if it transposes."""
         stored = [n for n in lp.steps if n.name not in self.k.local]
         stores = [ir.linear(syms, self.k.layout(n.name, self.g).stride) for n in stored]
+        parts = [x for n in lp.steps for x in ir.walk(n.fn(syms))]
+        if any(isinstance(x, ir.Op) and x.name.startswith("philox") for x in parts):
+            return None
         # only loads as large as the loop: a broadcast row vector read along the other dim is
         # no reason to tile
-        loads = [x.index for n in lp.steps for x in ir.walk(n.fn(syms))
-                 if isinstance(x, ir.Load) and x.buf not in self.k.local
+        loads = [x.index for x in parts if isinstance(x, ir.Load) and x.buf not in self.k.local
                  and 2 * _numel(self.g.buffers[x.buf].shape) >= _numel(shape)]
-        if any(isinstance(x, ir.Op) and x.name.startswith("philox")
-               for n in lp.steps for x in ir.walk(n.fn(syms))):
-            return None
         return transposed_dims(syms, shape, stores, loads)
 
     def _pid(self) -> str:

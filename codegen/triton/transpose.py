@@ -7,6 +7,7 @@ evenly, so the 1-D launch (XBLOCK elements a program) and its masks stay as they
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import sympy
@@ -21,7 +22,7 @@ def transposed_dims(syms: Sequence, shape: Sequence[int], stores: Sequence[ir.In
                     loads: Sequence[ir.Index]) -> Optional[tuple[int, int]]:
     """(store dim, load dim) when every store is contiguous along one dim and some affine load
     along another, both dividing into tiles; None otherwise."""
-    if _numel(shape) < MIN_ELEMENTS or not stores:
+    if math.prod(shape) < MIN_ELEMENTS or not stores:
         return None
     store_dims = {_unit_dim(syms, idx) for idx in stores}
     if len(store_dims) != 1 or None in store_dims:
@@ -60,9 +61,3 @@ def _unit_dim(syms: Sequence, idx: ir.Index) -> Optional[int]:
     unit = [d for d, c in enumerate(coeffs) if c == 1]
     return unit[0] if len(unit) == 1 else None
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
