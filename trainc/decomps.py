@@ -51,12 +51,24 @@ def _soft_margin_loss_backward(grad_output, self, target, reduction=1):
     return out.to(self.dtype)
 
 
+def _log_softmax(x, dim, half_to_float=False):
+    """x - max - log(sum(exp(x - max))) as graph nodes: the partitioner can then save the two
+    row statistics and rebuild the result pointwise in the backward, instead of rereading each
+    row twice (a 32000-word vocabulary's loss) to recompute them."""
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    xf = x.to(acc)
+    shifted = xf - torch.amax(xf, dim, keepdim=True) if x.numel() else xf  # amax of nothing
+    result = shifted - torch.log(torch.sum(torch.exp(shifted), dim, keepdim=True))
+    return result if half_to_float else result.to(x.dtype)
+
+
 def build_table() -> dict[torch._ops.OpOverload, Callable]:
     table = {**core_aten_decompositions(), **get_decompositions(list(_EXTRA))}
     for op in _overloads(EXTERN_OPS):
         table.pop(op, None)
     table.update(rng.DECOMPOSITIONS)
     table[aten.soft_margin_loss_backward.default] = _soft_margin_loss_backward
+    table[aten._log_softmax.default] = _log_softmax
     return table
 
 
