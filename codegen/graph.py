@@ -477,6 +477,8 @@ class GraphLowering:
                 _broadcast_and_costly(node, v, e):
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
+        elif _stored_anyway(node, v):
+            self.env[node] = self._realize_as_traced(v, node)
 
     def _realize_scalar(self, v: TensorValue, e: ir.Expr) -> TensorValue:
         """SCALAR_LIMIT: stored once; computed first in the program when it reads only graph
@@ -540,6 +542,14 @@ def _expanded_dims(node, v: TensorValue) -> list[int]:
     if not isinstance(val, torch.Tensor) or tuple(val.shape) != v.shape:
         return []
     return [d for d, (n, st) in enumerate(zip(v.shape, val.stride())) if n > 1 and st == 0]
+
+
+def _stored_anyway(node: fx.Node, v: TensorValue) -> bool:
+    """A graph output (a saved activation) that other nodes read too: it is stored either way,
+    so its readers load it. Inlined, a residual stream's sum was recomputed by every later
+    layer from all the branch outputs before it, each kept alive for that."""
+    return len(node.users) > 1 and any(u.op == "output" for u in node.users) and \
+        math.prod(v.shape) > 1 and not _expanded_dims(node, v)
 
 
 def _broadcast_and_costly(node: fx.Node, v: TensorValue, e: ir.Expr) -> bool:
