@@ -80,12 +80,17 @@ def observing() -> Iterator[list[Partition]]:
         _observers.remove(seen)
 
 
+def generates_kernels(config: Config) -> bool:
+    """Whether the backend fuses pointwise values away ("auto" is cpp or triton)."""
+    return config.backend != "aten"
+
+
 def partition(joint: JointGraph, config: Config) -> Partition:
     if config.partitioner not in PARTITIONERS:
         raise ValueError(f"trainc: unknown partitioner {config.partitioner!r}; "
                          f"known: {sorted(PARTITIONERS)}")
     policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
-    costs = CostModel(joint.gm, policy)
+    costs = CostModel(joint.gm, policy, fuses=generates_kernels(config))
     saved, mode, note = PARTITIONERS[config.partitioner](joint, costs, config)
     return build_partition(joint, costs, saved, mode, note)
 

@@ -1,9 +1,13 @@
 """Memory-budget search: min-cuts over a sweep of save/recompute weights give candidate plans;
 each is scored by its simulated peak memory; the cheapest-to-recompute plan under the cap wins.
 
-The budget limits activation memory: a plan may use `base + budget_bytes` of simulated peak,
-where base = (save-all peak) - (save-all activation bytes). Choosing the least recompute among
-plans under the cap (ties: lower peak) makes the chosen peak fall monotonically with the budget.
+The budget is read against two reference plans: `default` (the speed-optimal plan, what no
+budget gives) and `low` (the lowest simulated peak any candidate reaches).
+- a float f in [0, 1] caps the peak at low + f * (default - low): 1.0 is the default plan,
+  0.0 the lowest-peak plan;
+- an int caps the predicted peak in bytes: the graph's inputs plus its simulated peak.
+No budget picks a plan above the default's peak, and the least-recompute choice under a cap
+makes the chosen peak fall monotonically with the budget.
 """
 from __future__ import annotations
 
@@ -60,34 +64,40 @@ def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) 
     return list(plans.values())
 
 
-def budget_bytes(budget: Union[int, float], activation_bytes: int) -> int:
-    if isinstance(budget, float):
-        return int(budget * activation_bytes)
-    return int(budget)
+def lowest(plans: Sequence[Plan]) -> Plan:
+    """The lowest-peak plan; ties: fewer saved bytes (a graph whose peak no plan moves should
+    still save the least at budget 0), then less recompute."""
+    return min(plans, key=lambda p: (p.memory.peak, p.memory.saved_bytes, p.recompute_cost))
 
 
-def choose(plans: Sequence[Plan], save_all: Plan, budget: Union[int, float],
+def choose(plans: Sequence[Plan], default: Plan, budget: Union[int, float], fixed_bytes: int,
            graph_name: str = "graph") -> tuple[Plan, Optional[str]]:
-    """The least-recompute plan whose simulated peak fits the budget; (plan, note)."""
-    acts = save_all.memory.saved_bytes
-    base = save_all.memory.peak - acts
-    floor = min(p.memory.peak for p in plans)
-    cap = base + budget_bytes(budget, acts)
-    note = None
-    if cap < floor:
-        smallest = max(0, floor - base)
-        frac = f" (memory_budget={smallest / acts:.3f} as a fraction)" if acts else ""
-        if isinstance(budget, int):
+    """The least-recompute plan whose simulated peak fits the budget's cap; (plan, note).
+    `fixed_bytes` (the graph's inputs) is what an int budget counts beside the simulated peak."""
+    low = lowest([*plans, default])
+    if isinstance(budget, float):
+        if budget >= 1.0:
+            return default, None
+        cap = low.memory.peak + int(budget * (default.memory.peak - low.memory.peak))
+        if cap >= default.memory.peak:  # no plan lowers the peak: stay the speed-optimal plan
+            return default, "no partition found lowers the simulated peak below the default plan's"
+    else:
+        cap = budget - fixed_bytes
+        if cap < low.memory.peak:
+            smallest = low.memory.peak + fixed_bytes
             raise BudgetError(
                 f"trainc: memory_budget={budget} bytes is infeasible for {graph_name}: the "
-                f"lowest simulated peak any partition reaches is {floor} bytes, which needs "
-                f"memory_budget >= {smallest} bytes{frac}")
-        note = (f"memory_budget={budget} is below the smallest feasible {smallest} bytes"
-                f"{frac}: using the lowest-peak plan")
-        # The user asked for less than any plan reaches: least memory first, also in saved
-        # bytes (else a graph whose peak no plan moves would keep everything at budget 0).
-        return min(plans, key=lambda p: (p.memory.peak, p.memory.saved_bytes,
-                                         p.recompute_cost)), note
-    fits = [p for p in plans if p.memory.peak <= cap]
+                f"lowest predicted peak any partition reaches is {smallest} bytes ({fixed_bytes} "
+                f"of them the graph's inputs): it needs memory_budget >= {smallest} bytes, "
+                "the smallest feasible")
+        if cap >= default.memory.peak:
+            return default, None
+    fits = [p for p in (*plans, default) if p.memory.peak <= cap] or [low]
     best = min(fits, key=lambda p: (p.recompute_cost, p.memory.peak, p.memory.saved_bytes))
-    return best, note
+    return best, None
+
+
+def fixed_bytes(costs: CostModel) -> int:
+    """Bytes of the graph's inputs (parameters, user inputs, tangents): live for the whole
+    graph whatever the partition."""
+    return sum(costs.storage_bytes[s] for s in costs.input_storages)

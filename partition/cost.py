@@ -32,8 +32,9 @@ class NodeCost:
 class CostModel:
     """Per-node costs of one graph; `storage_bytes[name]` is each storage's size."""
 
-    def __init__(self, gm: fx.GraphModule, policy: P.SavePolicy):
+    def __init__(self, gm: fx.GraphModule, policy: P.SavePolicy, fuses: bool = False):
         self.policy = policy
+        self.fuses = fuses  # the backend generates fused kernels (partition/memory.py)
         self.owner: dict[StorageWeakRef, str] = {}
         self.storage_bytes: dict[str, int] = {}
         self.input_storages: set[str] = set()

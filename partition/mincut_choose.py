@@ -31,7 +31,8 @@ def balanced_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
     """Saved bytes and recompute cost weighed alike (recompute in byte-equivalents, FLOPs at
     BALANCED_FLOPS_PER_BYTE)."""
     costs = CostModel(joint.gm, dataclasses.replace(costs.policy,
-                                                    flops_per_byte=BALANCED_FLOPS_PER_BYTE))
+                                                    flops_per_byte=BALANCED_FLOPS_PER_BYTE),
+                      fuses=costs.fuses)
     return min_cut(joint, costs, save_weight=1, recompute_weight=1, under_budget=False)
 
 
@@ -43,19 +44,22 @@ def choose_mincut(joint: JointGraph, costs: CostModel,
     if config.memory_budget is None:
         objective = config.partition_objective or "bytes"
         return OBJECTIVES[objective](joint, costs), "default", None
-    saved = default_saved(joint, costs)
+    objective = config.partition_objective or "bytes"
+    saved = OBJECTIVES[objective](joint, costs)
     plans = budget_plans(joint, costs, saved)
-    best, note = B.choose(plans, plans[0], config.memory_budget,
+    default = B.evaluate(joint, costs, saved, "default")
+    best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(costs),
                           f"a graph of {len(joint.gm.graph.nodes)} nodes")
     return list(best.saved), "budget", note
 
 
 def budget_plans(joint: JointGraph, costs: CostModel, default: list) -> list[B.Plan]:
-    """Every candidate; the first is the save-all plan (the budget's reference). Cached on the
-    graph module per policy, so partitioning one graph at several budgets sweeps once."""
+    """Every candidate, the save-all and `default` plans among them. Cached on the graph module
+    per policy, so partitioning one graph at several budgets sweeps once."""
     cache = joint.gm.meta.setdefault("trainc_budget_plans", {})
-    if costs.policy not in cache:
+    key = costs.policy, costs.fuses
+    if key not in cache:
         save_all = B.evaluate(joint, costs, save_all_nodes(joint), "save_all")
         extra = [save_all, B.evaluate(joint, costs, default, "default")]
-        cache[costs.policy] = B.candidates(joint, costs, extra)
-    return cache[costs.policy]
+        cache[key] = B.candidates(joint, costs, extra)
+    return cache[key]

@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from trainc.config import Config
 from trainc.graph import GraphSignature, JointGraph
-from trainc.partition import Partition, build_partition
+from trainc.partition import Partition, build_partition, generates_kernels
 from trainc.partition import budget as B
 from trainc.partition import policy as P
 from trainc.partition.cost import CostModel
@@ -58,34 +58,37 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set)
     few plans, and the lowest peaks come from either. Every plan is scored under the step's
     costs."""
     policy = config.policy or DEFAULT_POLICY
+    fuses = generates_kernels(config)
+    # bytes unless asked: "balanced" (trainc.compile's cpp default without convolutions)
+    # planned a larger peak than saving everything on the mlp step
+    name = config.partition_objective or "bytes"
+    objective = OBJECTIVES[name]
     if config.memory_budget is None:  # the default plan: no sweep over budgets
-        # bytes unless asked: "balanced" (trainc.compile's cpp default without convolutions)
-        # planned a larger peak than saving everything (mlp step, cpp: 91 MiB vs 85; bytes 50)
-        costs = _step_costs(joint.gm, policy, fwd_outs, backward)
-        saved = OBJECTIVES[config.partition_objective or "bytes"](joint, costs)
-        return build_partition(joint, costs, saved, "default", None)
-    cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph and policy, any budget
-    if policy not in cache:
-        step_costs = _step_costs(joint.gm, policy, fwd_outs, backward)
+        costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
+        return build_partition(joint, costs, objective(joint, costs), "default", None)
+    cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph, policy, objective, backend
+    if (policy, name, fuses) not in cache:
+        step_costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
+        default = B.evaluate(joint, step_costs, objective(joint, step_costs), "default")
         save_all = B.evaluate(joint, step_costs, save_all_nodes(joint), "save_all")
-        plans = {p.saved: p for p in B.candidates(joint, step_costs, [save_all])}
-        for p in B.candidates(joint, CostModel(joint.gm, policy)):
+        plans = {p.saved: p for p in B.candidates(joint, step_costs, [save_all, default])}
+        for p in B.candidates(joint, CostModel(joint.gm, policy, fuses)):
             if p.saved not in plans:
                 plans[p.saved] = B.evaluate(joint, step_costs, p.saved,
                                             p.label + " (policy costs)")
-        cache[policy] = step_costs, save_all, list(plans.values())
-    step_costs, save_all, plans = cache[policy]
-    best, note = B.choose(plans, save_all, config.memory_budget,
+        cache[policy, name, fuses] = step_costs, default, list(plans.values())
+    step_costs, default, plans = cache[policy, name, fuses]
+    best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
                           f"a training step of {len(joint.gm.graph.nodes)} nodes")
     return build_partition(joint, step_costs, list(best.saved), "budget", note)
 
 
 def _step_costs(gm: fx.GraphModule, policy: P.SavePolicy, fwd_outs: list,
-                backward: set) -> CostModel:
+                backward: set, fuses: bool) -> CostModel:
     """The policy's costs, except that values no forward output needs (autograd's backward
     formulas that read only forward values, optimizer scalars) cost nothing to recompute: the
     traced step computes them in the backward anyway, so "recomputing" them adds no work."""
-    costs = CostModel(gm, policy)
+    costs = CostModel(gm, policy, fuses)
     needed: set[fx.Node] = set()
     work = [o for o in fwd_outs if isinstance(o, fx.Node)]
     while work:

@@ -15,8 +15,9 @@ BACKENDS = ("auto", "aten", "cpp", "triton")
 @dataclass(frozen=True)
 class Config:
     backend: str = "auto"
-    # None: speed-optimal partition; float in [0, 1]: fraction of save-everything
-    # activation bytes; int: bytes.
+    # None or 1.0: the speed-optimal partition; 0.0: the lowest-peak one; a float f between:
+    # peak capped at low + f * (default - low); int: a cap in bytes on the predicted peak
+    # (the graph's inputs plus its simulated peak). See partition/budget.py.
     memory_budget: Optional[Union[float, int]] = None
     # "mincut": min-cut on the bytes/FLOPs cost model (partition/); "save_all" keeps every
     # value the backward reads (the reference partition). compile_step: the same choice inside

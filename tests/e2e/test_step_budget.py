@@ -53,11 +53,12 @@ def test_gpt_budget_lowers_simulated_and_measured_peak(monkeypatch):
     (traced, gm, part), = seen
     _check_regions(gm)
     assert part.recompute_flops > 0 and any(d.action == "recomputed" for d in part.decisions)
-    # The same step graph partitioned at larger budgets: the simulated peak falls with them.
+    # The same step graph partitioned at larger budgets (1.0: the default plan, which already
+    # recomputes what min-cut picks): the simulated peak falls with them.
     config = steps[0.0].config
     sim = [step_mod.recompute_in_step(traced, dataclasses.replace(config, memory_budget=b))[1]
            .memory.peak for b in (1.0, 0.5)] + [part.memory.peak]
-    assert sim[0] >= sim[1] >= sim[2] and sim[2] < 0.7 * sim[0], sim
+    assert sim[0] >= sim[1] >= sim[2] and sim[2] < 0.9 * sim[0], sim
     cpu = torch.device("cpu")
     measured = {b: peak_bytes(lambda s=s: s(*inputs), cpu) for b, s in steps.items()}
     # Measured with the profiler's allocator events (the aten backend frees each value after
