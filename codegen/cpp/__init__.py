@@ -11,7 +11,7 @@ import torch.fx as fx
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.cpp import gemm
 from trainc.codegen.cpp.build import PendingBuild, start_build
-from trainc.codegen.cpp.plan import MIN_INNER, SCRATCH_BYTES, plan_kernel
+from trainc.codegen.cpp.plan import CPU, MIN_INNER, SCRATCH_BYTES, plan_kernel
 from trainc.codegen.cpp.printer import print_kernel
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
@@ -25,6 +25,7 @@ _PRELUDE = open(os.path.join(os.path.dirname(__file__), "prelude.h")).read()
 
 class CppBackend:
     name = "cpp"
+    target = CPU  # what the kernel plans are made for (codegen/cpp/plan.py)
 
     def __init__(self, config: Optional[Config] = None):
         self.config = config or make_config()
@@ -37,7 +38,7 @@ class CppBackend:
                          min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
-        plans = [plan_kernel(k, sched.graph) for k in kernels]
+        plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
         sources, params = [], {}
         for k, plan in zip(kernels, plans):
             src = print_kernel(k, plan, sched.graph)
@@ -56,7 +57,7 @@ class CppBackend:
                              tuple(fallbacks), source,
                              {"cpp": cpp, "library": path, "cache_hit": hit,
                               "seconds": time.perf_counter() - t0, **wrapper.stats,
-                              "kernel_plans": "\n\n".join(map(str, plans)),
+                              "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
                               # plain data rebuild() turns back into `run` (artifact cache)
                               "recipe": ("cpp", (wrapper, params, cpp))})
 
