@@ -88,6 +88,8 @@ class LoopPlan:
 
 @dataclass(frozen=True)
 class KernelPlan:
+    """What the printer does to one kernel; `str()` is the summary TRAINC_DEBUG_DIR's
+    42_kernels.txt lists."""
     name: str
     mode: str  # "inner" (vectorize the innermost loop) | "lanes" | "scatter"
     outer: tuple[int, ...]

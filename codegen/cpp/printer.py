@@ -35,6 +35,9 @@ class KernelPrinter:
     def __init__(self, kern: Kernel, plan: KernelPlan, g: LoweredGraph):
         if plan.name != kern.name:
             raise ValueError(f"trainc cpp: plan of {plan.name} given for kernel {kern.name}")
+        if plan.mode != "scatter" and len(plan.loops) != len(kern.loops):
+            raise ValueError(f"trainc cpp: plan of {kern.name} has {len(plan.loops)} loops, "
+                             f"the kernel {len(kern.loops)}")
         self.k, self.plan, self.g = kern, plan, g
         self.syms = plan.scope
         self.lanes = plan.lanes

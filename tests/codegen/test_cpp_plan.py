@@ -172,6 +172,10 @@ def test_a_plan_of_another_kernel_is_refused():
     (k0, _), (_, p1) = plans[0], plans[1]
     with pytest.raises(ValueError, match="plan of"):
         print_kernel(k0, p1, g)
+    p0 = plans[0][1]
+    with pytest.raises(ValueError, match="1 loops, the kernel 3"):
+        print_kernel(plans[1][0], dataclasses.replace(p1, loops=p1.loops[:1]), g)
+    assert p0.name == k0.name
 
 
 def _net():
