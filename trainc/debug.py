@@ -60,6 +60,14 @@ class Dumper:
             with open(os.path.join(self.dir, name), "w") as f:
                 f.write(text)
 
+    def kernel_plans(self, **graphs) -> None:
+        """42_kernels.txt: each compiled graph's kernel plans (the C++ backend's,
+        codegen/cpp/plan.py), under the graph's name; nothing when no graph has any."""
+        parts = [f"# {name}\n{g.extra['kernel_plans']}\n" for name, g in graphs.items()
+                 if g is not None and "kernel_plans" in g.extra]
+        if parts:
+            self.text("42_kernels.txt", "\n".join(parts))
+
     def __call__(self, name: str, gm: fx.GraphModule) -> None:  # the pass manager's hook
         self.graph(name, gm, f"after pass {name}")
 

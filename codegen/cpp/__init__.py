@@ -11,7 +11,8 @@ import torch.fx as fx
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.cpp import gemm
 from trainc.codegen.cpp.build import PendingBuild, start_build
-from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
+from trainc.codegen.cpp.plan import CPU, MIN_INNER, SCRATCH_BYTES, plan_kernel
+from trainc.codegen.cpp.printer import print_kernel
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
@@ -24,6 +25,7 @@ _PRELUDE = open(os.path.join(os.path.dirname(__file__), "prelude.h")).read()
 
 class CppBackend:
     name = "cpp"
+    target = CPU  # what the kernel plans are made for (codegen/cpp/plan.py)
 
     def __init__(self, config: Optional[Config] = None):
         self.config = config or make_config()
@@ -36,11 +38,12 @@ class CppBackend:
                          min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
+        plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
         sources, params = [], {}
-        for k in kernels:
-            src, ps = kernel_source(k, sched.graph)
-            sources.append(src)
-            params[k.name] = ps
+        for k, plan in zip(kernels, plans):
+            src = print_kernel(k, plan, sched.graph)
+            sources.append(src.code)
+            params[k.name] = list(src.params)
         cpp = _PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
         funcs, path, hit = _load_kernels(cpp, params, self.config)
         keep = self.config.cpp_keep_buffers and self.config.memory_budget is None
@@ -54,6 +57,7 @@ class CppBackend:
                              tuple(fallbacks), source,
                              {"cpp": cpp, "library": path, "cache_hit": hit,
                               "seconds": time.perf_counter() - t0, **wrapper.stats,
+                              "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
                               # plain data rebuild() turns back into `run` (artifact cache)
                               "recipe": ("cpp", (wrapper, params, cpp))})
 

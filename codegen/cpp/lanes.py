@@ -16,15 +16,15 @@ SCRATCH_LIMIT = 1 << 18  # bytes of per-thread scratch a lane block may take
 
 
 def choose_lanes(kern: Kernel, g: LoweredGraph, osyms, loop_syms, loop_dims,
-                 exprs) -> Optional[int]:
+                 exprs, widths: tuple[int, ...] = LANE_WIDTHS) -> Optional[int]:
     """The lane count when the kernel's memory accesses are contiguous along its last outer dim
     more often than along its innermost loop dim (weighted by how often each runs), else None.
     `loop_syms[k]`: loop k's symbols; `loop_dims[k]`: its per-dim index expressions over them;
-    `exprs`: each node's value over those."""
+    `exprs`: each node's value over those; `widths`: lane counts to try, widest first."""
     if kern.kind != "loops" or not kern.outer:
         return None
     last = int(kern.outer[-1])
-    width = next((w for w in LANE_WIDTHS if w <= last and last % w == 0), None)
+    width = next((w for w in widths if w <= last and last % w == 0), None)
     if width is None:
         return None
     scratch = sum(ir_bytes(kern.layout(b, g), len(kern.outer)) for b in kern.scratch) * width

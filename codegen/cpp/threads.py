@@ -9,10 +9,10 @@ from typing import Callable
 SPLIT_MAX_THREADS = 64  # partial slots per accumulator (threads beyond this are not used)
 
 
-def split_threads_header() -> list[str]:
-    """Opens the kernel's parallel region; `tid`/`nth` name the thread and the team size."""
-    return [f"  #pragma omp parallel num_threads(std::min(omp_get_max_threads(), "
-            f"{SPLIT_MAX_THREADS}))",
+def split_threads_header(threads: int = SPLIT_MAX_THREADS) -> list[str]:
+    """Opens the kernel's parallel region of at most `threads`; `tid`/`nth` name the thread and
+    the team size."""
+    return [f"  #pragma omp parallel num_threads(std::min(omp_get_max_threads(), {threads}))",
             "  {",
             "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();"]
 
@@ -24,12 +24,13 @@ def split_for(sym: str, size: int) -> str:
             f"(tid + 1) * {chunk}); ++{sym}) {{")
 
 
-def gather_partials(accs: list[tuple[str, str, Callable]], lanes: int) -> tuple[list[str],
-                                                                                list[str]]:
+def gather_partials(accs: list[tuple[str, str, Callable]], lanes: int,
+                    threads: int = SPLIT_MAX_THREADS) -> tuple[list[str], list[str]]:
     """(shared partial arrays to declare before the region, statements after the reduction
     loop). `accs`: (C type, accumulator base name, combine(a, b) -> statement) per accumulator
-    variable; lane accumulators are arrays of `lanes`, indexed by j."""
-    decls = [f"  alignas(64) {t} p_{v}[{SPLIT_MAX_THREADS * lanes}];" for t, v, _ in accs]
+    variable; lane accumulators are arrays of `lanes`, indexed by j; `threads`: the most
+    threads of the region."""
+    decls = [f"  alignas(64) {t} p_{v}[{threads * lanes}];" for t, v, _ in accs]
     put = " ".join(f"p_{v}[tid * {lanes} + j] = {v}[j];" for _, v, _ in accs)
     take = " ".join(f"{v}[j] = p_{v}[j];" for _, v, _ in accs)
     fold = " ".join(c(f"{v}[j]", f"p_{v}[t * {lanes} + j]") for _, v, c in accs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import trainc.codegen.cpp.printer as P
+import trainc.codegen.cpp.plan as P
 from cpp_helpers import check, compile_cpp
 
 
