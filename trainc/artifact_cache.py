@@ -131,6 +131,18 @@ def load_graph(k: Optional[Key], config: Config) -> tuple[Optional[tuple], str]:
         return None, _corrupt(k, str(k), config, f"cannot rebuild it ({type(e).__name__}: {e})")
 
 
+def lookup_graph(gm: fx.GraphModule, args: Sequence, sig: Any, extra: tuple,
+                 config: Config) -> tuple[Optional[Key], Optional[tuple], str]:
+    """(key, (CompiledGraph, record) or None, status) for a traced graph compiled whole
+    (compile_step's step graph: keyed after tracing, it skips passes, partition, codegen)."""
+    k, status = key_and_reason(gm, args, [str(i.kind) for i in sig.inputs], True, config,
+                               extra)
+    if k is None:
+        return None, None, status
+    cached, status = load_graph(k, config)
+    return k, cached, status
+
+
 def load_variant(k: Optional[Key], layout: tuple, config: Config) -> Optional[Any]:
     if k is None:
         return None
