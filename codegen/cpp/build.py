@@ -77,8 +77,9 @@ def start_build(source: str, config: Config) -> PendingBuild:
     if not building and os.path.exists(path):
         if cache_store.file_checksum_ok(path):
             return PendingBuild(path, True, rebuild=(cxx, flags, source))
-        cache_store.warn_once(f"so:{path}", f"trainc: {path} does not match its checksum "
-                              "(truncated or changed); rebuilding it")
+        if os.path.exists(path + ".sha256"):  # none: built before checksums, rebuilt quietly
+            cache_store.warn_once(f"so:{path}", f"trainc: {path} does not match its checksum "
+                                  "(truncated or changed); rebuilding it")
     if not building:  # one child per source
         _pending[path] = PendingBuild(path, False, _start(cxx, flags, source, path))
     return _pending[path]
