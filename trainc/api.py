@@ -101,6 +101,8 @@ class Explanation:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         for b in self.graph_breaks:
             text += f"graph break: {b}\n"
+        for g in self.graphs:  # the artifact cache: hit, or which key part missed
+            text += f"graph_{g.graph_id} cache: {g.cache}\n" if g.cache else ""
         text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:

@@ -1,199 +1,97 @@
 """Compiled artifacts on disk: a warm process skips tracing, passes, partition and codegen.
 
-Keyed by everything that shapes the compiled code (see `key`); only graphs whose backend left
-a recipe (CompiledGraph.extra["recipe"], plain data `rebuild` turns back into `run`) are stored.
+An entry (artifacts/a_<key>.json) holds the compiled graphs as JSON (trainc/cache_codec.py):
+their wrapper and kernel source text, launch and tuning choices, and the GraphRecord that
+`trainc.explain` reports; tensors live in blobs/ by content hash, C++ libraries in cpp/ next
+to their checksum (codegen/cpp/build.py). Only graphs whose backend left a recipe
+(CompiledGraph.extra["recipe"]: plain data `rebuild` turns back into `run`) are stored. Files
+go through trainc/cache_store.py: a refused directory turns caching off, a corrupt entry is a
+miss (warned once) that the recompile overwrites.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
-import io
+import json
 import os
-import pickle
-import tempfile
-import types
 from typing import Any, Optional, Sequence
 
-import torch
 import torch.fx as fx
 
+from trainc import cache_codec, cache_store
+from trainc.cache_key import Key, make_key
 from trainc.config import Config
 
-_FORMAT = 2
-_source_hash: Optional[str] = None
+_NEAREST_SCAN = 256  # entries compared on a miss, newest first (explain's "nearest entry")
 
 
 def key(gm: fx.GraphModule, args: Sequence, kinds: Sequence, training: bool,
-        config: Config) -> Optional[str]:
-    """The cache key, or None when the graph cannot be keyed safely (then nothing is cached):
-    a hash of the graph's code (submodules' too) and constants, the input signature (shapes,
-    strides, dtypes, devices, requires_grad, shared storage), input kinds, training, config,
-    default dtype and autocast modes, torch version and trainc's own source."""
-    if not config.cache_artifacts or config.debug_dir:
-        return None
-    h = hashlib.sha256()
-    for part in (_FORMAT, torch.__version__, _trainc_source(), repr(config), training,
-                 [str(k) for k in kinds], _ambient()):
-        h.update(repr(part).encode() + b"\0")
-    for mod in gm.modules():
-        if not isinstance(mod, fx.GraphModule):
-            return None  # a real module called from the graph: its code is not in gm.code
-        h.update(mod.code.encode())
-    attrs = _tensor_attrs(gm)
-    if attrs is None:
-        return None
-    for name, t in sorted(list(gm.named_parameters()) + list(gm.named_buffers()) + attrs,
-                          key=lambda x: x[0]):
-        h.update(name.encode() + _tensor_bytes(t))
-    sig = _args_key(args)
-    if sig is None:
-        return None
-    h.update(repr(sig).encode())
-    return h.hexdigest()[:32]
+        config: Config, extra: tuple = ()) -> Optional[Key]:
+    """The cache key, or None when nothing is cached (off, dumping, or not keyable)."""
+    return key_and_reason(gm, args, kinds, training, config, extra)[0]
 
 
-def _ambient() -> tuple:
-    """Global state tracing reads: the default dtype and the autocast modes."""
-    modes = tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d)))
-                  for d in ("cpu", "cuda"))
-    return str(torch.get_default_dtype()), modes
+def key_and_reason(gm, args, kinds, training, config, extra: tuple = ()) -> tuple:
+    if not config.cache_artifacts:
+        return None, "off (cache_artifacts=False)"
+    if config.debug_dir:
+        return None, "off (debug_dir: every stage runs to be dumped)"
+    k, why = make_key(gm, args, kinds, training, config, extra)
+    return k, (f"not cached ({why})" if k is None else "")
 
 
-def _args_key(args: Sequence) -> Optional[list]:
-    out, seen = [], {}
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if type(a) not in (torch.Tensor, torch.nn.Parameter):
-                return None  # tensor subclasses (fake, functional, ...): not keyed
-            ptr = a.untyped_storage().data_ptr() if a.numel() else -1 - len(out)
-            out.append((tuple(a.shape), a.stride(), a.storage_offset(), str(a.dtype),
-                        str(a.device), a.requires_grad, seen.setdefault(ptr, len(out))))
-        elif a is None or isinstance(a, (bool, int, float, str)):
-            out.append((type(a).__name__, repr(a)))
-        else:
-            return None
-    return out
+def _dirs(config: Config) -> Optional[tuple[str, str]]:
+    art, blobs = cache_store.subdir(config, "artifacts"), cache_store.subdir(config, "blobs")
+    return None if art is None or blobs is None else (art, blobs)
 
 
-def _tensor_attrs(gm: fx.GraphModule) -> Optional[list]:
-    """The graphs' get_attr constants; None when one is neither a tensor nor a graph."""
-    out = []
-    for m in gm.modules():
-        for n in m.graph.nodes:
-            if n.op != "get_attr":
-                continue
-            v = m
-            for part in str(n.target).split("."):
-                v = getattr(v, part, None)
-            if isinstance(v, torch.Tensor):
-                out.append((str(n.target), v))
-            elif not isinstance(v, fx.GraphModule):
-                return None
-    return out
+def _entry_path(d: str, k: str) -> str:
+    return os.path.join(d, f"a_{k}.json")
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().cpu().contiguous()
-    return repr((tuple(t.shape), str(t.dtype))).encode() + \
-        t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _trainc_source() -> str:
-    """A hash of every source file of the trainc packages (computed once per process)."""
-    global _source_hash
-    if _source_hash is None:
-        import trainc
-        import trainc.codegen
-        import trainc.partition
-        import trainc.passes
-        h = hashlib.sha256()
-        roots = sorted({os.path.dirname(m.__file__) for m in
-                        (trainc, trainc.codegen, trainc.partition, trainc.passes)})
-        for root in roots:
-            for d, subdirs, files in sorted(os.walk(root)):
-                subdirs.sort()
-                for f in sorted(files):
-                    if f.endswith((".py", ".h")):
-                        with open(os.path.join(d, f), "rb") as fh:
-                            h.update(f.encode() + fh.read())
-        _source_hash = h.hexdigest()
-    return _source_hash
-
-
-def _path(k: str, config: Config) -> str:
-    d = os.path.join(config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache",
-                                                      "trainc"), "artifacts")
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, f"a_{k}.pkl")
-
-
-class _Pickler(pickle.Pickler):
-    """ATen ops and modules (torch) by name: neither pickles by value."""
-
-    def reducer_override(self, obj: Any):
-        if isinstance(obj, torch._ops.OpOverload):
-            return _op, (obj._schema.name, obj._overloadname)
-        if isinstance(obj, types.ModuleType):
-            return importlib.import_module, (obj.__name__,)
-        return NotImplemented
-
-
-def _op(qualified: str, overload: str):
-    ns, name = qualified.split("::")
-    return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-
-
-def store(k: Optional[str], art: Any, record: Any, config: Config) -> bool:
-    """Write the artifact when every compiled graph has a recipe; never raises."""
+# -- store -----------------------------------------------------------------------------------
+def store(k: Optional[Key], art: Any, record: Any, config: Config) -> str:
+    """Write the artifact when every compiled graph has a recipe; never raises. What happened,
+    in words ("stored", or why not)."""
     graphs = [g for g in (art.fwd, art.bwd, art.bwd_acc) if g is not None]
-    if k is None or not all("recipe" in g.extra for g in graphs):
-        return False
-    return _write(_path(k, config), (art.signature, [_plain(g) for g in
-                                                   (art.fwd, art.bwd, art.bwd_acc)],
-                                      record, art.acc))
+    if k is None:
+        return "not stored"
+    if not all("recipe" in g.extra for g in graphs):
+        return "not stored (a graph's backend leaves no recipe)"
+    payload = {"signature": art.signature, "graphs": [_plain(g) for g in
+                                                      (art.fwd, art.bwd, art.bwd_acc)],
+               "record": record, "acc": art.acc}
+    return _write(k, str(k), payload, config)
 
 
-def store_variant(k: Optional[str], layout: tuple, graph: Any, config: Config) -> bool:
+def store_variant(k: Optional[Key], layout: tuple, graph: Any, config: Config) -> str:
     """One backward compiled for expanded tangents (runtime.ExpandedBackwards), next to the
     artifact stored under k."""
     if k is None or "recipe" not in graph.extra:
-        return False
-    return _write(_variant_path(k, layout, config), _plain(graph))
+        return "not stored"
+    return _write(k, _variant_name(k, layout), {"graph": _plain(graph)}, config)
 
 
-def load_variant(k: Optional[str], layout: tuple, config: Config) -> Optional[Any]:
-    if k is None:
-        return None
-    g = _read(_variant_path(k, layout, config))
-    return None if g is None else _build(g, config)
+def store_graph(k: Optional[Key], graph: Any, record: Any, config: Config) -> str:
+    """One compiled graph and its record (compile_step's whole-step graph)."""
+    if k is None or "recipe" not in graph.extra:
+        return "not stored"
+    return _write(k, str(k), {"graph": _plain(graph), "record": record}, config)
 
 
-def _variant_path(k: str, layout: tuple, config: Config) -> str:
-    return _path(f"{k}_t{hashlib.sha256(repr(layout).encode()).hexdigest()[:16]}", config)
-
-
-def _write(path: str, payload: Any) -> bool:
+def _write(k: Key, name: str, payload: dict, config: Config) -> str:
+    dirs = _dirs(config)
+    if dirs is None:
+        return "not stored (cache directory refused)"
+    art_dir, blob_dir = dirs
     try:
-        buf = io.BytesIO()
-        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(payload)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)  # readers never see a half-written file
-        return True
-    except Exception:  # an unpicklable graph (a Python callable in it, ...): not cached
-        return False
-
-
-def _read(path: str) -> Optional[Any]:
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:  # truncated or from an incompatible version: recompile
-        return None
+        data = cache_codec.encode(payload, lambda b: cache_store.put_blob(blob_dir, b))
+        body = json.dumps({"format": 1, "data": data}).encode()
+        cache_store.write_entry(_entry_path(art_dir, name), body, {"parts": dict(k.parts)})
+        return "stored"
+    except cache_codec.Unencodable as e:
+        return f"not stored (cannot encode {e})"
+    except OSError as e:
+        return f"not stored ({e})"
 
 
 def _plain(g) -> Optional[dict]:
@@ -202,18 +100,116 @@ def _plain(g) -> Optional[dict]:
     return {f.name: getattr(g, f.name) for f in dataclasses.fields(g) if f.name != "run"}
 
 
-def load(k: Optional[str], config: Config) -> Optional[tuple]:
-    """(Artifact, GraphRecord) stored under k, or None."""
+# -- load ------------------------------------------------------------------------------------
+def load(k: Optional[Key], config: Config) -> tuple[Optional[tuple], str]:
+    """((Artifact, GraphRecord) stored under k, or None; "hit" or why it missed)."""
+    if k is None:
+        return None, "not cached"
+    from trainc.runtime import Artifact, ExpandedBackwards
+    stored, status = _read(k, str(k), config)
+    if stored is None:
+        return None, status
+    try:
+        built = [None if g is None else _build(g, config) for g in stored["graphs"]]
+        expanded = ExpandedBackwards(None, (k, config)) if built[1] is not None else None
+        return (Artifact(stored["signature"], *built, stored["acc"], expanded),
+                stored["record"]), "hit"
+    except Exception as e:  # decoded, but does not fit this trainc: recompile over it
+        return None, _corrupt(k, str(k), config, f"cannot rebuild it ({type(e).__name__}: {e})")
+
+
+def load_graph(k: Optional[Key], config: Config) -> tuple[Optional[tuple], str]:
+    """((CompiledGraph, record) stored by store_graph, or None; status)."""
+    if k is None:
+        return None, "not cached"
+    stored, status = _read(k, str(k), config)
+    if stored is None:
+        return None, status
+    try:
+        return (_build(stored["graph"], config), stored["record"]), "hit"
+    except Exception as e:
+        return None, _corrupt(k, str(k), config, f"cannot rebuild it ({type(e).__name__}: {e})")
+
+
+def lookup_graph(gm: fx.GraphModule, args: Sequence, sig: Any, extra: tuple,
+                 config: Config) -> tuple[Optional[Key], Optional[tuple], str]:
+    """(key, (CompiledGraph, record) or None, status) for a traced graph compiled whole
+    (compile_step's step graph: keyed after tracing, it skips passes, partition, codegen)."""
+    k, status = key_and_reason(gm, args, [str(i.kind) for i in sig.inputs], True, config,
+                               extra)
+    if k is None:
+        return None, None, status
+    cached, status = load_graph(k, config)
+    return k, cached, status
+
+
+def load_variant(k: Optional[Key], layout: tuple, config: Config) -> Optional[Any]:
     if k is None:
         return None
-    from trainc.runtime import Artifact, ExpandedBackwards
-    stored = _read(_path(k, config))
+    stored, _ = _read(k, _variant_name(k, layout), config)
     if stored is None:
         return None
-    sig, graphs, record, acc = stored
-    built = [None if g is None else _build(g, config) for g in graphs]
-    expanded = ExpandedBackwards(None, (k, config)) if built[1] is not None else None
-    return Artifact(sig, *built, acc, expanded), record
+    try:
+        return _build(stored["graph"], config)
+    except Exception as e:
+        _corrupt(k, _variant_name(k, layout), config, f"cannot rebuild it ({e})")
+        return None
+
+
+def _variant_name(k: Key, layout: tuple) -> str:
+    return f"{k}_t{cache_store.sha256(repr(layout).encode())[:16]}"
+
+
+def _read(k: Key, name: str, config: Config) -> tuple[Optional[dict], str]:
+    dirs = _dirs(config)
+    if dirs is None:
+        return None, "off (cache directory refused; see the warning)"
+    art_dir, blob_dir = dirs
+    path = _entry_path(art_dir, name)
+    if not os.path.exists(path):
+        return None, "miss (" + _nearest(k, art_dir) + ")"
+    try:
+        body = json.loads(cache_store.read_entry(path))
+        return cache_codec.decode(body["data"], lambda h: cache_store.get_blob(blob_dir, h)), ""
+    except (cache_store.CorruptEntry, ValueError, TypeError, KeyError, AttributeError,
+            ImportError, OSError) as e:
+        return None, _corrupt(k, name, config, str(e))
+
+
+def _corrupt(k: Key, name: str, config: Config, why: str) -> str:
+    where = os.path.join(cache_store.root(config), "artifacts", name)
+    cache_store.warn_once(f"corrupt:{where}", f"trainc: ignoring a bad cache entry, recompiling "
+                          f"over it: {why}")
+    return f"miss (bad entry: {why})"
+
+
+def _nearest(k: Key, art_dir: str) -> str:
+    """Which key parts differ from the stored entry sharing the most parts with k."""
+    try:
+        names = [n for n in os.listdir(art_dir) if n.startswith("a_") and "_t" not in n[2:]]
+    except OSError:
+        return "no entries"
+    paths = sorted((os.path.join(art_dir, n) for n in names), key=_mtime, reverse=True)
+    best: Optional[list] = None
+    for path in paths[:_NEAREST_SCAN]:
+        try:
+            parts = cache_store.read_header(path).get("parts")
+        except (cache_store.CorruptEntry, OSError):
+            continue
+        if isinstance(parts, dict):
+            diff = k.differing(parts)
+            if best is None or len(diff) < len(best):
+                best = diff
+    if best is None:
+        return "no entries"
+    return "nearest entry differs in: " + (", ".join(best) or "nothing (same key)")
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 def _build(g: dict, config: Config):
@@ -225,5 +221,8 @@ def _build(g: dict, config: Config):
 def _rebuild(kind: str, recipe: Any, config: Config):
     if kind == "cpp":
         from trainc.codegen.cpp import rebuild
+        return rebuild(recipe, config)
+    if kind == "triton":
+        from trainc.codegen.triton import rebuild
         return rebuild(recipe, config)
     raise KeyError(f"trainc: no rebuild for recipe kind {kind!r}")

@@ -33,19 +33,21 @@ def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind]
 def _compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
                    training: bool, config: Config) -> Artifact:
     t0, gid = time.perf_counter(), debug.next_graph_id()
-    key = artifact_cache.key(gm, args, kinds, training, config)
-    cached = artifact_cache.load(key, config)
-    if cached is not None:  # compiled by an earlier process: nothing to trace or generate
-        art, record = cached
-        records.publish(dataclasses.replace(record, graph_id=gid, compile_seconds=
-                                            time.perf_counter() - t0), config)
-        return art
+    key, status = artifact_cache.key_and_reason(gm, args, kinds, training, config)
+    if key is not None:
+        cached, status = artifact_cache.load(key, config)
+        if cached is not None:  # compiled by an earlier process: nothing to trace or generate
+            art, record = cached
+            records.publish(dataclasses.replace(record, graph_id=gid, cache="hit",
+                                                compile_seconds=time.perf_counter() - t0), config)
+            return art
     with compile_workers(config.backend, _device(args), config, len(gm.graph.nodes)):
         art, record = _compile(gm, args, kinds, training, config, gid, t0)
     if art.expanded is not None:
         art.expanded.cache = (key, config)
-    artifact_cache.store(key, art, record, config)
-    records.publish(record, config)
+    stored = artifact_cache.store(key, art, record, config)
+    records.publish(dataclasses.replace(record, cache=f"{status}; {stored}" if key else status),
+                    config)
     return art
 
 

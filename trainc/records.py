@@ -34,6 +34,8 @@ class GraphRecord:
     # (graph name, passes.PassStats): post-grad allocations before/after, reinplaced ops
     passes: tuple = ()
     attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
+    # the artifact cache: "hit", or "miss (why; nearest entry differs in: ...); stored", "off ..."
+    cache: str = ""
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -58,7 +60,7 @@ class GraphRecord:
                 f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
                 f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms"
                 + (f" attention_rewrites={self.attention_rewrites}" if self.attention_rewrites
-                   else ""))
+                   else "") + (f" cache={self.cache}" if self.cache else ""))
 
 
 def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:

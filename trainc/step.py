@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainc import attention, debug, distributed, records, rng
+from trainc import artifact_cache, attention, debug, distributed, records, rng
 from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
                             prestart_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
@@ -166,6 +166,14 @@ class CompiledStep:
         recompute = self.config.memory_budget is not None or self.config.partitioner == "mincut"
         gm, mutated, has_rng = self._trace(layout, flat, accumulate, recompute)
         sig = self._signature(layout, flat, mutated, has_rng, gm, recompute)
+        tangent = torch.ones((), device=_device(flat)) if recompute else None
+        key, cached, status = artifact_cache.lookup_graph(
+            gm, flat, sig, ("step", accumulate, recompute), self._graph_config(flat))
+        if cached is not None:  # compiled by an earlier process: no passes, partition, codegen
+            records.publish(dataclasses.replace(cached[1], graph_id=gid, cache="hit",
+                                                compile_seconds=time.perf_counter() - t0),
+                            self.config)
+            return _Compiled(layout, cached[0], sig, accumulate, tangent)
         dump = debug.Dumper(self.config, gid)
         dump.graph("00_step.py", gm, "whole training step after functionalization")
         gm = run_passes(gm, JOINT_PASSES, dump=dump)
@@ -185,8 +193,10 @@ class CompiledStep:
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
                                        gm, None, compiled, None, backend.name,
                                        time.perf_counter() - t0)
-        records.publish(dataclasses.replace(rec, mode="step"), self.config)
-        tangent = torch.ones((), device=_device(flat)) if recompute else None
+        rec = dataclasses.replace(rec, mode="step")
+        stored = artifact_cache.store_graph(key, compiled, rec, self._graph_config(flat))
+        records.publish(dataclasses.replace(rec, cache=f"{status}; {stored}" if key else status),
+                        self.config)
         return _Compiled(layout, compiled, sig, accumulate, tangent)
 
     def _graph_config(self, flat: list) -> Config:

@@ -1,7 +1,8 @@
 """C++ source -> loaded shared library, built once with the system compiler and cached on disk.
 
 The cache key is a hash of source, compiler and flags; a build writes a temporary file and
-renames it into place, so concurrent processes never load a half-written library.
+renames it into place, so concurrent processes never load a half-written library. Each library
+has its SHA-256 next to it (k_<key>.so.sha256), checked before loading; a mismatch rebuilds.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 
+from trainc import cache_store
 from trainc.config import Config
 
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -24,10 +26,8 @@ class CompilerMissing(RuntimeError):
 
 
 def cache_dir(config: Config) -> str:
-    d = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "trainc")
-    d = os.path.join(d, "cpp")
-    os.makedirs(d, exist_ok=True)
-    return d
+    """The cache's cpp/ (trainc/cache_store.py checks who can write it), or a private one."""
+    return cache_store.scratch_dir(config, "cpp")
 
 
 def build(source: str, config: Config) -> tuple[ctypes.CDLL, str, bool]:
@@ -40,15 +40,23 @@ class PendingBuild:
     """A library being compiled in a child process: the caller generates the next graph's
     code meanwhile (the compiler runs on the other core) and waits only when it needs it."""
 
-    def __init__(self, path: str, hit: bool, job=None):
-        self.path, self.hit, self.job = path, hit, job
+    def __init__(self, path: str, hit: bool, job=None, rebuild=None):
+        self.path, self.hit, self.job, self.rebuild = path, hit, job, rebuild
 
     def library(self) -> ctypes.CDLL:
         if self.path not in _loaded:
             if self.job is not None:
                 _finish(*self.job)
                 self.job = None
-            _loaded[self.path] = ctypes.CDLL(self.path)
+            try:
+                _loaded[self.path] = ctypes.CDLL(self.path)
+            except OSError as e:  # changed since its checksum was read: build it again
+                if self.rebuild is None:
+                    raise
+                cache_store.warn_once(f"so:{self.path}", f"trainc: cannot load {self.path} "
+                                      f"({e}); rebuilding it")
+                _finish(*_start(*self.rebuild, self.path))
+                _loaded[self.path] = ctypes.CDLL(self.path)
         return _loaded[self.path]
 
 
@@ -63,9 +71,16 @@ def start_build(source: str, config: Config) -> PendingBuild:
     flags = config.cpp_flags.split()
     key = hashlib.sha256("\0".join([source, cxx, *flags]).encode()).hexdigest()[:24]
     path = os.path.join(cache_dir(config), f"k_{key}.so")
-    if path in _loaded or os.path.exists(path):
+    if path in _loaded:
         return PendingBuild(path, True)
-    if path not in _pending or _pending[path].job is None:  # one child per source
+    building = path in _pending and _pending[path].job is not None
+    if not building and os.path.exists(path):
+        if cache_store.file_checksum_ok(path):
+            return PendingBuild(path, True, rebuild=(cxx, flags, source))
+        if os.path.exists(path + ".sha256"):  # none: built before checksums, rebuilt quietly
+            cache_store.warn_once(f"so:{path}", f"trainc: {path} does not match its checksum "
+                                  "(truncated or changed); rebuilding it")
+    if not building:  # one child per source
         _pending[path] = PendingBuild(path, False, _start(cxx, flags, source, path))
     return _pending[path]
 
@@ -101,6 +116,10 @@ def _finish(proc, cmd, tmp_so: str, tmp_src: str, path: str) -> None:
         if proc.returncode != 0:
             raise RuntimeError(f"trainc: C++ compile failed ({' '.join(cmd)}):\n{err[-4000:]}")
         os.replace(tmp_src, path[:-3] + ".cpp")
+        with open(tmp_so, "rb") as f:
+            os.fsync(f.fileno())
+        cache_store.write_checksum(tmp_so)  # the library's SHA-256, checked before loading
+        os.replace(tmp_so + ".sha256", path + ".sha256")
         os.replace(tmp_so, path)
     finally:
         for t in (tmp_so, tmp_src):

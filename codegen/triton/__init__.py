@@ -70,17 +70,9 @@ class TritonBackend:
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph, self.config.triton_precise_div) for k in kernels]
         module_src = PRELUDE + _module_body(sources)
-        funcs, path, pending = _Kernels(), "", None
-        if kernels:
-            mod, path = load_module(module_src, self.config)
-            for s, k in zip(sources, kernels):
-                launcher = Launcher(s, mod, self.config, interpret, device)
-                launcher.info = k.info
-                launcher.dtypes = tuple(sched.graph.buffers[b].dtype for b in s.params)
-                setattr(funcs, s.name, launcher)
-            if device.type == "cuda" and not interpret:
-                pending = precompile(list(vars(funcs).values()),
-                                     self.config.triton_compile_workers)
+        launch = tuple((s, k.info, tuple(sched.graph.buffers[b].dtype for b in s.params))
+                       for s, k in zip(sources, kernels))
+        funcs, path, pending = _launchers(module_src, launch, device, self.config)
         host = [b for b in sched.graph.inputs if b in foreign and device.type == "cuda"
                 and math.prod(sched.graph.buffers[b].shape) == 1]
         keep = self.config.triton_keep_buffers and self.config.memory_budget is None
@@ -97,7 +89,34 @@ class TritonBackend:
                              {"triton": module_src, "module": path, "device": str(device),
                               "seconds": time.perf_counter() - t0,
                               "precompiled": pending.submitted if pending else 0,
-                              **wrapper.stats})
+                              **wrapper.stats,
+                              # plain data rebuild() turns back into `run` (artifact cache)
+                              "recipe": ("triton", (wrapper, module_src, launch, device))})
+
+
+def _launchers(module_src: str, launch: tuple, device: torch.device, config: Config) -> tuple:
+    """(kernel namespace, module path, precompile or None) for the generated module; on CUDA
+    the kernels start compiling in the workers now."""
+    funcs, path, pending = _Kernels(), "", None
+    if launch:
+        interpret = interpreting()
+        mod, path = load_module(module_src, config)
+        for s, info, dtypes in launch:
+            launcher = Launcher(s, mod, config, interpret, device)
+            launcher.info, launcher.dtypes = info, dtypes
+            setattr(funcs, s.name, launcher)
+        if device.type == "cuda" and not interpret:
+            pending = precompile(list(vars(funcs).values()), config.triton_compile_workers)
+    return funcs, path, pending
+
+
+def rebuild(recipe: tuple, config: Config):
+    """A compiled graph's `run` from its recipe (CompiledGraph.extra["recipe"][1]): launchers
+    for the stored module, no tracing or codegen (Triton's own cache holds the binaries)."""
+    wrapper, module_src, launch, device = recipe
+    funcs, _, pending = _launchers(module_src, launch, device, config)
+    run = wrapper.build(funcs)
+    return _FirstRun(run, pending) if pending and pending.submitted else run
 
 
 def _module_body(sources: list) -> str:

@@ -13,7 +13,6 @@ import importlib.util
 import inspect
 import json
 import os
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ import torch
 
 from trainc.codegen.triton.compile_pool import Batch, job_spec, lead_ready, start_warm
 from trainc.codegen.triton.printer import KernelSource, next_pow2
+from trainc import cache_store
 from trainc.config import Config
 
 _modules: dict[str, object] = {}
@@ -57,10 +57,8 @@ class LaunchConfig:
 
 
 def cache_dir(config: Config) -> str:
-    d = config.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "trainc")
-    d = os.path.join(d, "triton")
-    os.makedirs(d, exist_ok=True)
-    return d
+    """The cache's triton/ (trainc/cache_store.py checks who can write it), or a private one."""
+    return cache_store.scratch_dir(config, "triton")
 
 
 def load_module(source: str, config: Config):
@@ -70,16 +68,21 @@ def load_module(source: str, config: Config):
     with _lock:
         if path in _modules:
             return _modules[path], path
-        if not os.path.exists(path):
-            fd, tmp = tempfile.mkstemp(suffix=".py", dir=os.path.dirname(path))
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)
+        if not _holds(path, source):  # missing, truncated or changed: written again
+            cache_store.write_atomic(path, source.encode())
         spec = importlib.util.spec_from_file_location(f"trainc_triton_{key}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _modules[path] = mod
         return mod, path
+
+
+def _holds(path: str, source: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read() == source.encode()
+    except OSError:
+        return False
 
 
 def _scratch(ks: KernelSource, args) -> tuple:
@@ -440,15 +443,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _read(path: str) -> dict:
+    """Tuning results (checksummed: a bad file is no results, tuned again)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        out = json.loads(cache_store.read_entry(path))
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError, cache_store.CorruptEntry):
         return {}
 
 
 def _write(path: str, entries: dict) -> None:
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        json.dump(entries, f)
-    os.replace(tmp, path)
+    cache_store.write_entry(path, json.dumps(entries).encode())
