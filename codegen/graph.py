@@ -25,6 +25,7 @@ from trainc.passes.reinplace_ops import MUTABLE_INPUTS
 # (ir.compute_cost: 1 per arithmetic op, 5 per transcendental; casts and loads are free): a
 # one-hot scaled by a row's weight (cross_entropy's backward) is recomputed, not stored.
 INLINE_LIMIT = 8
+BROADCAST_INLINE_LIMIT = 32  # the same for a value read from data much smaller than itself
 EXPR_LIMIT = 120  # a value whose expression grew past this many nodes is materialized
 # Triton: a one-element value whose ops cost this much is stored once, not inlined into its
 # users: an optimizer's bias corrections (float64 pow of the step count) inlined into a weight
@@ -473,12 +474,21 @@ class GraphLowering:
                 ir.compute_cost(e) >= SCALAR_LIMIT:
             self.env[node] = self._realize_scalar(v, e)
         elif ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
-                (len(node.users) > 1 and ir.compute_cost(e) > INLINE_LIMIT) or \
+                (len(node.users) > 1 and ir.compute_cost(e) > self._inline_limit(v, e)) or \
                 _broadcast_and_costly(node, v, e):
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
         elif _stored_anyway(node, v):
             self.env[node] = self._realize_as_traced(v, node)
+
+    def _inline_limit(self, v: TensorValue, e: ir.Expr) -> int:
+        """INLINE_LIMIT, or BROADCAST_INLINE_LIMIT for a value built only from data at least
+        BROADCAST_LIMIT times smaller (a one-hot of per-row labels): stored, it is a full-size
+        write and reads that recomputing it does not cost."""
+        n = math.prod(v.shape)
+        small = all(math.prod(self.g.buffers[x.buf].shape) * BROADCAST_LIMIT <= n
+                    for x in ir.loads(e))
+        return BROADCAST_INLINE_LIMIT if small else INLINE_LIMIT
 
     def _realize_scalar(self, v: TensorValue, e: ir.Expr) -> TensorValue:
         """SCALAR_LIMIT: stored once; computed first in the program when it reads only graph

@@ -16,6 +16,7 @@ from trainc.passes._graph import DEFER_RECOMPILE, allocation_stats
 from trainc.passes.check_mutations import MutationError, check_mutations
 from trainc.passes.eliminate_common_subexpressions import eliminate_common_subexpressions
 from trainc.passes.fold_constants import fold_constants
+from trainc.passes.one_hot_scatters import one_hot_scatters
 from trainc.passes.pad_matmuls import pad_matmuls
 from trainc.passes.reinplace_ops import MUTABLE_INPUTS, REINPLACED, reinplace_ops
 from trainc.passes.remove_aliases import remove_aliases
@@ -27,8 +28,9 @@ Pass = Callable[[fx.GraphModule], fx.GraphModule]
 STATS = "trainc.pass_stats"  # gm.meta key: PassStats of the last run_passes on that graph
 
 # Run on the joint graph, before the partition. The graph stays functional.
-JOINT_PASSES: list[Pass] = [remove_aliases, remove_noops, fold_constants, rewrite_patterns,
-                            eliminate_common_subexpressions, remove_noops, remove_dead_code]
+JOINT_PASSES: list[Pass] = [remove_aliases, remove_noops, fold_constants, one_hot_scatters,
+                            rewrite_patterns, eliminate_common_subexpressions, remove_noops,
+                            remove_dead_code]
 # Run on the forward and backward graphs separately, after the partition; only
 # reinplace_ops introduces mutation, so it runs last.
 POST_GRAD_PASSES: list[Pass] = [remove_dead_code, pad_matmuls, reinplace_ops]

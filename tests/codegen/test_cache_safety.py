@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import stat
 import warnings
 
@@ -18,19 +19,19 @@ from trainc import cache_store, records
 
 
 class MLP(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, width=16):
         super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.a, self.b = torch.nn.Linear(8, width), torch.nn.Linear(width, 4)
 
     def forward(self, x):
         return self.b(torch.relu(self.a(x))).square().mean()
 
 
-def _run(cache, backend="cpp"):
+def _run(cache, backend="cpp", width=16):
     """(loss, grads, cache statuses, trainc warnings) of one compiled step of a fixed MLP."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    m, x = MLP(), torch.randn(5, 8)
+    m, x = MLP(width), torch.randn(5, 8)
     with records.recording() as recs, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         f = trainc.compile(m, backend=backend, cache_dir=str(cache), cache_artifacts=True)
@@ -92,23 +93,31 @@ def test_directory_owned_by_someone_else_is_refused(tmp_path):
     _refused(cache, "owned by uid 65534")
 
 
+def _replace(path, data: bytes):
+    """A new file under the old name: a library this process has mapped keeps its pages
+    (rewriting it in place raised SIGBUS in the process that had loaded it)."""
+    with open(path + ".fault", "wb") as f:
+        f.write(data)
+    os.replace(path + ".fault", path)
+
+
 def _truncate(path):
     data = open(path, "rb").read()
-    open(path, "wb").write(data[:len(data) // 2])
+    _replace(path, data[:len(data) // 2])
 
 
 def _empty(path):
-    open(path, "wb").close()
+    _replace(path, b"")
 
 
 def _garbage(path):
-    open(path, "wb").write(os.urandom(4096))
+    _replace(path, os.urandom(4096))
 
 
 def _flip(path):  # same length, one payload byte changed: only the checksum can tell
     data = bytearray(open(path, "rb").read())
     data[len(data) * 3 // 4] ^= 1  # an entry's header line is far shorter than a quarter
-    open(path, "wb").write(bytes(data))
+    _replace(path, bytes(data))
 
 
 @pytest.mark.parametrize("fault", [_truncate, _empty, _garbage, _flip])
@@ -131,17 +140,18 @@ def _libraries(cache):
     return [os.path.join(d, n) for n in os.listdir(d) if n.endswith(".so")]
 
 
-@pytest.mark.parametrize("fault", [_truncate, _empty, _flip])
-def test_bad_library_is_rebuilt_not_loaded(tmp_path, fault):
-    cold = _run(tmp_path)
+@pytest.mark.parametrize("fault,width", [(_truncate, 17), (_empty, 18), (_flip, 19)])
+def test_bad_library_is_rebuilt_not_loaded(tmp_path, fault, width):
+    # a width of its own: kernels this process built and loaded before are not rebuilt
+    cold = _run(tmp_path, width=width)
     libs = _libraries(str(tmp_path))
     assert libs and all(os.path.exists(p + ".sha256") for p in libs)
     for p in libs:
         fault(p)
     # a fresh directory name for the same files: this process has not loaded them yet
     moved = tmp_path.parent / (tmp_path.name + "_moved")
-    os.rename(tmp_path, moved)
-    again = _run(moved)
+    shutil.copytree(tmp_path, moved)  # copied, not moved: pytest may hand its name out again
+    again = _run(moved, width=width)
     assert any("does not match its checksum" in m for m in again[3]), again[3]
     assert all(cache_store.file_checksum_ok(p) for p in _libraries(str(moved)))
     _same(cold, again)
