@@ -60,6 +60,12 @@ class Dumper:
             with open(os.path.join(self.dir, name), "w") as f:
                 f.write(text)
 
+    def memory(self, name: str, compiled) -> None:
+        """A compiled graph's memory plan (codegen/memory/), where its backend made one."""
+        plan = compiled.extra.get("memory_plan") if compiled is not None else None
+        if self.dir and plan is not None:
+            self.text(name, str(plan))
+
     def __call__(self, name: str, gm: fx.GraphModule) -> None:  # the pass manager's hook
         self.graph(name, gm, f"after pass {name}")
 

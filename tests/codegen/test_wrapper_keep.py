@@ -65,7 +65,7 @@ def test_concurrent_calls_get_their_own_buffers():
 
 
 def test_kept_arena_overlaps_only_buffers_that_are_never_alive_together():
-    from trainc.codegen.wrapper import _pack
+    from trainc.codegen.memory.kept import pack as _pack
     sizes = [1000, 1000, 500, 64, 0]
     spans = [(0, 4), (5, 9), (3, 6), (0, 9), (2, 2)]
     offsets, total = _pack(sizes, spans)
