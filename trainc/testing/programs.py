@@ -311,14 +311,21 @@ def _spec(draw, shape: tuple[int, ...]) -> InputSpec:
 
 @st.composite
 def programs(draw, dtypes: Sequence[torch.dtype] = DTYPES, max_ops: int = 40,
-             max_inputs: int = 3, dropout: bool = True) -> Program:
-    """Random differentiable programs: DAGs of 1..max_ops ops over 1..max_inputs inputs."""
+             max_inputs: int = 3, dropout: bool = True,
+             families: Optional[Sequence[Callable]] = None) -> Program:
+    """Random differentiable programs: DAGs of 1..max_ops ops over 1..max_inputs inputs.
+    `families`: draw only these op families (of ops.OPS and compositions.OPS)."""
     dtype = draw(st.sampled_from(tuple(dtypes)))
     specs = draw(input_specs(draw(st.integers(1, max_inputs))))
     seed = draw(st.integers(0, 2**16))
     proto = Program(dtype, specs, (), ("x0",), 0, seed)
     b = _Builder(dtype, proto.make_inputs())
     table = {**ops.OPS, **compositions.OPS}
+    if families is not None:
+        unknown = [f for f in families if f not in table]
+        if unknown:
+            raise ValueError(f"programs(families=...): not op families: {unknown}")
+        table = {f: w for f, w in table.items() if f in families}
     families = [f for f, w in table.items() for _ in range(w) if dropout or f is not ops.dropout]
     n_ops = draw(st.integers(1, max_ops))
     for _ in range(n_ops):
