@@ -6,7 +6,7 @@ backend; plus whether compile_step kept the parameters' storage.
         [--no-inplace] [names...]
 
 --no-inplace ignores every storage hint (in-place results get fresh buffers: the behaviour
-before codegen/storage.py), for a before/after comparison.
+before codegen/memory/inplace.py), for a before/after comparison.
 """
 from __future__ import annotations
 

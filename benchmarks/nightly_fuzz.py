@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {"programs": "test_programs.py::test_programs_match_eager",
          "programs_nodrop": "test_programs.py::test_programs_without_dropout_match_eager",
          "modules": "test_modules.py::test_module_stacks_match_eager",
+         "zoo": "test_modules.py::test_zoo_stacks_match_eager",
          "dropout": "test_dropout.py::test_dropout_backward_uses_forward_mask"}
 BUDGETS = ("None", "0.5", "0.0")
 

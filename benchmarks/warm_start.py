@@ -1,6 +1,7 @@
 """Warm vs cold first call of trainc (the artifact cache), each in a fresh process.
 
     python benchmarks/warm_start.py [--backend cpp] [--reps 2] [names...]
+    WARM_DEVICE=cuda python benchmarks/warm_start.py --backend triton gpt   (on a GPU)
 
 Models: "tiny_mlp" (Linear-GELU-Linear, 64 wide) and the shared suite's (../shared/bench:
 mlp, gpt, convnet, ...). Per model, one process each for: the eager first step and its median
@@ -28,15 +29,20 @@ if not os.path.isdir(BENCH):
     BENCH = os.path.join(HERE, "..", "shared", "bench")
 
 
+DEVICE = os.environ.get("WARM_DEVICE", "cpu")  # cuda: the shared suite at its gpu scale, bf16
+
+
 def _build(name: str):
     import torch
     if name == "tiny_mlp":
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
         x = torch.randn(32, 64)
-        return m, (x,), lambda out, inputs: out.square().mean()
+        return m.to(DEVICE), (x.to(DEVICE),), lambda out, inputs: out.square().mean()
     sys.path.insert(0, os.path.abspath(BENCH))
     import models
+    if DEVICE == "cuda":
+        return models.build(name, "cuda", "gpu", torch.bfloat16)
     return models.build(name)
 
 
@@ -51,6 +57,8 @@ def child(name: str, mode: str, backend: str) -> dict:
     def step(f):
         loss = loss_fn(f(*inputs), inputs)
         loss.backward()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
         return loss
 
     t0 = time.perf_counter()

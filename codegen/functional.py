@@ -1,6 +1,6 @@
 """In-place and out= ATen ops -> their functional forms, for lowering: codegen wants the
 dataflow; graph.py keeps "this result may live in the written buffer" as a hint that
-codegen/storage.py re-checks after fusion, so the mutation itself is not lost.
+codegen/memory/inplace.py re-checks after fusion, so the mutation itself is not lost.
 
 A write through a view of a graph input, or of a value read later, is refused with a clear error.
 """

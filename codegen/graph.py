@@ -3,7 +3,7 @@
 Each FX node lowers through the registry to a lazy TensorValue; values are realized into
 buffers only where fusion cannot inline them (several expensive uses, externs, outputs). An
 in-place op lowers as its functional form plus a hint (`LoweredGraph.reuse`) that its result may
-live in the written buffer's storage; codegen/storage.py decides after scheduling.
+live in the written buffer's storage; codegen/memory/inplace.py decides after scheduling.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class LoweredGraph:
     consts: dict[str, torch.Tensor] = field(default_factory=dict)
     outputs: list = field(default_factory=list)  # TensorArg | python value per graph output
     # buffer -> buffer whose storage it may take (an in-place op's result and the buffer the
-    # op wrote); only a hint: codegen/storage.py checks it against the schedule
+    # op wrote); only a hint: codegen/memory/inplace.py checks it against the schedule
     reuse: dict[str, str] = field(default_factory=dict)
     storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
     symbols: Symbols = field(default_factory=Symbols)  # index symbols, numbered per graph

@@ -1,26 +1,25 @@
-"""Schedule -> the Python wrapper: allocates buffers, calls kernels and ATen, frees after last use.
+"""Schedule + memory plan -> the Python wrapper: allocates buffers, calls kernels and ATen,
+frees after last use.
 
-Memory planning: a buffer dies after its last reader; a dead buffer the wrapper allocated is
-reused for the next allocation of the same element count and dtype (never graph outputs); an
-in-place result the storage plan (codegen/storage.py) accepted takes its target's storage.
-Kernels take data pointers (C++) or tensors (Triton); buffers are allocated on `device`. With
-`keep`, buffers whose storage never leaves the wrapper are allocated once and kept across calls.
+The memory plan (codegen/memory/) decides every allocation, reuse, in-place take, free and kept
+buffer first; the printer here spells each of its events as a line. Kernels take data pointers
+(C++) or tensors (Triton); buffers are allocated on `device`.
 """
 from __future__ import annotations
 
-import contextlib
-import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from trainc.codegen.graph import Buffer, CallNode, TensorArg
-from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
+from trainc.codegen.memory import MemoryPlan, peak_rows, plan_memory
+from trainc.codegen.memory.inplace import OUT_VARIANTS
+from trainc.codegen.memory.kept import Kept, held_arenas, note_held  # noqa: F401 (re-exported)
+from trainc.codegen.memory.walk import MAKES, Event, reads
+from trainc.codegen.scheduler import Kernel, Schedule
 
 aten = torch.ops.aten
-OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out,
-                aten.bmm.default: aten.bmm.out}
 # The same ops through torch's generated Python bindings: an OpOverload call goes through the
 # boxed operator path (CPU, 2-core box: ~1.5 us more per mm, ~5.7 us more per convolution).
 FAST_CALLS = {aten.mm.out: torch.mm, aten.addmm.out: torch.addmm, aten.bmm.out: torch.bmm,
@@ -112,60 +111,13 @@ def upload_scalars(device: torch.device, *ts: torch.Tensor) -> list[torch.Tensor
     return scalar_views(packed, ts)
 
 
-_watchers: list[dict] = []
+class _Printer:
+    """Spells the wrapper from the schedule and its memory plan, one line at a time."""
 
-
-def note_held(key, nbytes: int) -> None:
-    """Memory allocated before a held_arenas() block that a call inside it uses (a kept arena,
-    a CUDA graph's private pool): 0 when it was allocated inside the block (then its allocator
-    events show it)."""
-    for seen in _watchers:
-        seen.setdefault(key, nbytes)
-
-
-@contextlib.contextmanager
-def held_arenas() -> Iterator[dict]:
-    """Bytes of the kept arenas allocated before this block that calls inside it use (one entry
-    per arena): memory those calls hold that no allocator event inside the block shows."""
-    seen: dict = {}
-    _watchers.append(seen)
-    try:
-        yield seen
-    finally:
-        _watchers.remove(seen)
-
-
-class Kept:
-    """Buffers a wrapper keeps across calls (no page faults from fresh allocations): views into
-    one arena whose offsets the wrapper planned (buffers alive at the same time never overlap),
-    so the arena is about the planned peak, not the sum of the buffers. One arena per call in
-    flight, so a re-entrant or concurrent call gets its own; a call that raised never returns
-    its set."""
-
-    def __init__(self, nbytes: int, specs: list[tuple], device=None):
-        self.nbytes, self.device = nbytes, device
-        self.specs = specs  # (byte offset, shape, stride, dtype) per kept buffer
-        self.free: list[list[torch.Tensor]] = []
-
-    def acquire(self) -> list[torch.Tensor]:
-        if self.free:
-            note_held(id(self.free[-1]), self.nbytes)
-            return self.free.pop()
-        arena = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
-        bufs = [arena[off:off + _extent(shape, stride, dtype)].view(dtype).as_strided(shape, stride)
-                for off, shape, stride, dtype in self.specs]
-        note_held(id(bufs), 0)
-        return bufs
-
-    def release(self, bufs: list[torch.Tensor]) -> None:
-        self.free.append(bufs)
-
-
-class _Writer:
-    def __init__(self, sched: Schedule, params: dict[str, list[str]], tensors: bool,
-                 device: Optional[torch.device], host_scalars: Sequence[str] = (),
+    def __init__(self, sched: Schedule, plan: MemoryPlan, params: dict[str, list[str]],
+                 tensors: bool, device: Optional[torch.device], host_scalars: Sequence[str] = (),
                  gemm: Optional[Callable[..., Optional[Callable]]] = None):
-        self.s, self.g, self.params = sched, sched.graph, params
+        self.s, self.g, self.plan, self.params = sched, sched.graph, plan, params
         self.gemm = gemm or (lambda call, inplace=False: None)
         self.host_scalars = list(host_scalars)
         self.tensors, self.device = tensors, device
@@ -177,155 +129,21 @@ class _Writer:
             self.ns["empty"] = EMPTY_CPU
         elif device.type == "cuda":
             self.ns["cuda_empty"] = cuda_empty
-        self.pool: dict[tuple, list[str]] = {}
-        self.ours: set[str] = set()  # buffers the wrapper allocated (safe to reuse)
-        self.storage = dict(sched.graph.storage)  # in-place result -> buffer it overwrites
-        self.claimed = set(self.storage.values())
-        self.drop: list[str] = []  # overwritten targets whose names die after this item
-        self.live = self.peak = self.fresh = 0
-        self.live_set: dict[str, int] = {}  # allocated buffer -> bytes (pooled ones included)
-        self.at_peak: list[str] = []  # the live buffers when the planned peak was reached
-        self.last = self._last_uses()
-        self.keep = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
-        # A fallback op may return a view of its input: such buffers are freed, never reused.
-        self.no_pool = {b for it in sched.items if isinstance(it, CallNode) and
-                        it.kind == "fallback" for b in self._reads(it)}
-        self.wanted = self._future_allocs()
-        # storage roots: each name -> the allocation (or input) whose memory it uses; per
-        # wrapper allocation, the index of its line (rewritten when the buffer is kept)
-        self.root: dict[str, str] = {}
-        self.alloc_line: dict[str, int] = {}
-        self.end_line: dict[str, int] = {}  # storage root -> the last line that frees a name of it
-        self.arg_views: dict[str, set] = {}  # buffer -> (shape, stride) views taken for calls
+        self.kept = {k.buf: (j, k) for j, k in enumerate(plan.kept)}
+        self.view_once = {k.buf for k in plan.kept if k.view}
+        if plan.kept:
+            self.ns["KEEP"] = Kept(plan.arena_bytes, [(k.offset, k.shape, k.stride, k.dtype)
+                                                     for k in plan.kept], device)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
 
-    def _last_uses(self) -> dict[str, int]:
-        last: dict[str, int] = {}
-        for k, item in enumerate(self.s.items):
-            for b in self._reads(item):
-                last[b] = k
-        return last
-
-    def _future_allocs(self) -> list[dict[tuple, int]]:
-        """Per item k: the allocations a buffer dying at k may serve from the pool: the run of
-        same-key allocations that comes next. Holding a dead buffer across any other
-        allocation would raise the peak; the caching allocator reuses freed memory anyway."""
-        out: list[dict[tuple, int]] = [{} for _ in self.s.items]
-        run: list = []  # keys of the allocations after item k, nearest first (None: ATen's)
-        for k in range(len(self.s.items) - 1, -1, -1):
-            first = run[0] if run else None
-            n = 0
-            while n < len(run) and run[n] == first:
-                n += 1
-            out[k] = {first: n} if first is not None and first[2] else {}
-            item = self.s.items[k]
-            ours = [_pool_key(self.g.buffers[b]) for b in self._allocates(item)]
-            theirs = [] if isinstance(item, Kernel) or ours else \
-                [None for o in item.outputs if o is not None and o not in self.storage]
-            run = ours + theirs + run
-        return out
-
-    def _allocates(self, item) -> list[str]:
-        if isinstance(item, Kernel):
-            names = [n.name for n in item.nodes if n.name not in item.local]
-        elif self._out_variant(item) is not None:
-            names = [item.outputs[0]]
-        else:
-            names = []
-        return [b for b in names if b not in self.storage]
-
-    def _out_variant(self, c: CallNode):
-        """The out= op the call runs as, into a buffer the wrapper allocates, or None."""
-        if c.kwargs or self.gemm(c) is not None:
-            return None
-        return OUT_VARIANTS.get(c.target)
-
-    def _reads(self, item) -> list[str]:
-        """Buffers the item touches; what it produces counts too, so a result nobody reads
-        (or one stored under its target's name, in place) dies right after it."""
-        if isinstance(item, Kernel):
-            made = [n.name for n in item.nodes if n.name not in item.local]
-            return list(dict.fromkeys(list(self.params[item.name]) + made))
-        return _call_buffers(item) + [o for o in item.outputs if o is not None]
-
-    def alloc(self, name: str) -> None:
-        b: Buffer = self.g.buffers[name]
-        if name in self.storage:
-            self._take(name)
-            return
-        key = _pool_key(b)
-        if key[2] and self.pool.get(key):
-            old = self.pool[key].pop()
-            self.root[name] = self.root.get(old, old)
-            self.live_set[name] = self.live_set.pop(old, b.nbytes)
-            self.emit(f"{name} = {old}.view({list(b.shape)}); del {old}")
-        else:
-            self.alloc_line[name] = len(self.lines)
-            if "empty" in self.ns or "cuda_empty" in self.ns:
-                self.emit(f"{name} = empty({tuple(b.shape)}, {tuple(b.stride)}, {b.dtype})")
-            else:
-                self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
-                          f"device=DEVICE, dtype={b.dtype})")
-            self._grow(b.nbytes, name)
-        self.ours.add(name)
-
-    def _take(self, name: str) -> None:
-        """`name` lives in the storage of the buffer its in-place op overwrote."""
-        target = self.storage[name]
-        self.root[name] = self.root.get(target, target)
-        self.emit(f"{name} = {target}  # in place")
-        if target in self.ours:
-            self.ours.add(name)
-        self.drop.append(target)
-
-    def _grow(self, nbytes: int, name: str) -> None:
-        self.fresh += nbytes
-        self.live += nbytes
-        self.live_set[name] = nbytes
-        if self.live > self.peak:
-            self.peak = self.live
-            self.at_peak = list(self.live_set)
-
-    def free(self, k: int, item) -> None:
-        # inputs too: run() empties its argument list, so a saved activation the caller handed
-        # over (the backward's) is freed after its last use, not when the backward returns
-        dead = sorted({b for b in self._reads(item) if self.last.get(b) == k} - self.keep
-                      - set(self.g.consts) - self.claimed)
-        for b in dead:
-            buf = self.g.buffers[b]
-            key = _pool_key(buf)
-            pooled = self.pool.setdefault(key, [])
-            if b in self.ours and b not in self.no_pool and \
-                    len(pooled) < self.wanted[k].get(key, 0):
-                pooled.append(b)
-            else:
-                self.emit(f"del {b}")
-                self._ended(b)
-                if buf.kind in ("compute", "call") and not self._overwrote(b):
-                    self.live -= buf.nbytes
-                    self.live_set.pop(b, None)
-        for t in self.drop:
-            self.emit(f"del {t}")
-            self._ended(t)
-        self.drop = []
-
-    def _ended(self, name: str) -> None:
-        root = self.root.get(name, name)
-        self.end_line[root] = max(self.end_line.get(root, 0), len(self.lines))
-
-    def _overwrote(self, b: str) -> bool:
-        """b took the storage of a graph input: freeing the name frees no memory."""
-        root = b
-        while root in self.storage:
-            root = self.storage[root]
-        return root in self.g.inputs
-
     def write(self) -> str:
         g = self.g
         self.emit(f"{', '.join(g.params) + ',' if g.params else '_'} = args")
-        self.emit("args.clear()")  # run(args) takes the inputs over: see free()
+        if self.plan.kept:
+            self.emit("KEPT = KEEP.acquire()")
+        self.emit("args.clear()")  # run(args) takes the inputs over: see walk.py's free()
         self.unchecked = list(g.inputs)
         self.uploads = self._scalar_groups()
         if "cuda_empty" in self.ns:  # looked up once per call
@@ -336,18 +154,47 @@ class _Writer:
         if launches:  # Triton: the stream and launch hooks, looked up once per call
             self.emit("K.begin()")
         for k, item in enumerate(self.s.items):
-            self._prepare_inputs(set(self._reads(item)))
+            self._prepare_inputs(set(reads(item, self.params)))
+            events = self.plan.item_events(k)
+            makes = [e for e in events if e.kind in MAKES]
             if isinstance(item, Kernel):
-                self._kernel(item)
+                self._kernel(item, makes)
             else:
-                self._call(item)
-            self.free(k, item)
+                self._call(item, self.plan.forms[k], makes)
+            for e in events:
+                if e.kind not in MAKES:
+                    self._event(e)
         self._prepare_inputs(set(g.inputs))  # inputs only returned
         if launches:  # (a call that raised leaves it set: the next call sets it again)
             self.emit("K.end()")
+        if self.plan.kept:
+            self.emit("KEEP.release(KEPT)")
         outs = ", ".join(self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
+
+    def _event(self, e: Event) -> None:
+        """The line of one memory event (aten results and pooled buffers have none)."""
+        if e.kind == "alloc":
+            self._alloc(e.buf)
+        elif e.kind == "reuse":
+            self.emit(f"{e.buf} = {e.src}.view({list(self.g.buffers[e.buf].shape)}); "
+                      f"del {e.src}")
+        elif e.kind == "inplace":
+            self.emit(f"{e.buf} = {e.src}  # in place")
+        elif e.kind in ("free", "drop"):
+            self.emit(f"del {e.buf}")
+
+    def _alloc(self, name: str) -> None:
+        b: Buffer = self.g.buffers[name]
+        if name in self.kept:
+            j, k = self.kept[name]
+            self.emit(f"{name} = KEPT[{j}]  # {list(k.shape)} strides {list(k.stride)}")
+        elif "empty" in self.ns or "cuda_empty" in self.ns:
+            self.emit(f"{name} = empty({tuple(b.shape)}, {tuple(b.stride)}, {b.dtype})")
+        else:
+            self.emit(f"{name} = torch.empty_strided({list(b.shape)}, {list(b.stride)}, "
+                      f"device=DEVICE, dtype={b.dtype})")
 
     def _scalar_groups(self) -> list[list[str]]:
         """CPU scalars of a CUDA graph (optimizer step counts and hyperparameters, the RNG
@@ -371,97 +218,33 @@ class _Writer:
             self.emit(f"{', '.join(group)}, = upload_scalars(DEVICE, {', '.join(group)})")
             self.uploads.remove(group)
 
-    def peak_live(self, top: int = 12) -> list[tuple]:
-        """The largest buffers live at the planned peak: (name, shape, dtype, bytes, graph
-        nodes that made it), for the debug dump and explain()."""
-        made = {n.name: n.origins for it in self.s.items if isinstance(it, Kernel)
-                for n in it.nodes}
-        made.update({o: (c.origin,) for c in self.s.items if isinstance(c, CallNode)
-                     for o in c.outputs if o is not None})
-        rows = sorted(((self.g.buffers[n].nbytes, n) for n in self.at_peak), reverse=True)
-        return [(n, tuple(self.g.buffers[n].shape), str(self.g.buffers[n].dtype), nb,
-                 tuple(made.get(n, ()))) for nb, n in rows[:top]]
-
-    def keep_buffers(self) -> int:
-        """Rewrite the allocations whose storage never leaves the wrapper (not an output, not
-        read by an ATen op that may return a view of it) to take kept buffers; their bytes."""
-        from trainc.codegen.storage import _may_alias
-        leaving = {a.buf for a in self.g.outputs if isinstance(a, TensorArg)}
-        for it in self.s.items:
-            if isinstance(it, CallNode) and (it.kind == "fallback" or _may_alias(it.target)):
-                leaving |= set(_call_buffers(it))
-        leaving = {self.root.get(b, b) for b in leaving}
-        kept = [b for b in self.alloc_line if b not in leaving]
-        if not kept:
-            return 0
-        bufs = [self.g.buffers[b] for b in kept]
-        spans = [(self.alloc_line[b], self.end_line.get(b, len(self.lines))) for b in kept]
-        offsets, total = _pack([_extent(b.shape, b.stride, b.dtype) for b in bufs], spans)
-        specs = []
-        for k, (name, b, off) in enumerate(zip(kept, bufs, offsets)):
-            shape, stride = self._kept_view(name, b)
-            specs.append((off, shape, stride, b.dtype))
-            self.lines[self.alloc_line[name]] = \
-                f"    {name} = KEPT[{k}]  # {list(shape)} strides {list(stride)}"
-        self.ns["KEEP"] = Kept(total, specs, self.device)
-        self.lines.insert(1, "    KEPT = KEEP.acquire()")
-        self.lines.insert(len(self.lines) - 1, "    KEEP.release(KEPT)")
-        return total
-
-    def _kept_view(self, name: str, b: Buffer) -> tuple[tuple, tuple]:
-        """The layout a kept buffer is made with. Where the wrapper's only use of it besides
-        data pointers is one view for ATen calls (a channels-last convolution argument:
-        `buf.as_strided(logical shape, strides)`) spanning the same bytes, the kept tensor is that
-        view, made once, and the calls take it as is."""
-        own = tuple(b.shape), tuple(b.stride)
-        views = self.arg_views.get(name, set())
-        if len(views) != 1:
-            return own
-        shape, stride = next(iter(views))
-        if _extent(shape, stride, b.dtype) != _extent(b.shape, b.stride, b.dtype):
-            return own
-        view = name + _view_text(shape, stride)
-        uses = (view, f"{name}.data_ptr()", f"{name} = ", f"del {name}")
-        pattern = re.compile(rf"\b{name}\b")
-        for line in self.lines:
-            rest = line
-            for use in uses:
-                rest = rest.replace(use, "")
-            if pattern.search(rest):
-                return own  # used another way too: keep the buffer's own layout
-        self.lines = [line.replace(view, name) for line in self.lines]
-        return shape, stride
-
-    def _kernel(self, k: Kernel) -> None:
-        for n in k.nodes:
-            if n.name not in k.local:
-                self.alloc(n.name)
+    def _kernel(self, k: Kernel, makes: list[Event]) -> None:
+        for e in makes:
+            self._event(e)
         ptr = "" if self.tensors else ".data_ptr()"
         ptrs = ", ".join(f"{b}{ptr}" for b in self.params[k.name])
         self.emit(f"K.{k.name}({ptrs})")
 
-    def _call(self, c: CallNode) -> None:
+    def _call(self, c: CallNode, form: str, makes: list[Event]) -> None:
         op = f"op_{len([x for x in self.ns if x.startswith('op_')])}"
         args = ", ".join(self._arg(a) for a in c.args)
         kwargs = "".join(f", {k}={self._arg(v)}" for k, v in c.kwargs.items())
-        if c.inplace is not None and c.outputs and c.outputs[0] in self.storage:
+        if form == "inplace":
             target, key = c.inplace
             self.ns[op] = self.gemm(c, inplace=True) or FAST_CALLS.get(target, target)
-            dest = self.storage[c.outputs[0]]
+            dest = makes[0].src
             kwargs += f", {key}={dest}" if isinstance(key, str) else ""
             self.emit(f"{op}({args}{kwargs})  # {c.kind} in place {c.origin}")
-            self._take(c.outputs[0])
+            self._event(makes[0])
             return
-        out_variant = self._out_variant(c)
-        if out_variant is not None:
-            self.ns[op] = FAST_CALLS.get(out_variant, out_variant)
-            self.alloc(c.outputs[0])
+        if form == "out":
+            out_op = OUT_VARIANTS[c.target]
+            self.ns[op] = FAST_CALLS.get(out_op, out_op)
+            for e in makes:
+                self._event(e)
             self.emit(f"{op}({args}, out={c.outputs[0]})  # {c.origin}")
             return
         self.ns[op] = self.gemm(c) or FAST_CALLS.get(c.target, c.target)
-        for o in c.outputs:
-            if o is not None:
-                self._grow(self.g.buffers[o].nbytes, o)
         names = [o or "_" for o in c.outputs]
         single = not isinstance(_result_kind(c), tuple)
         lhs = names[0] if single else ", ".join(names) + ","
@@ -477,8 +260,7 @@ class _Writer:
             if a.whole:
                 return a.buf
             if a.offset == 0:  # as_strided keeps the base's storage offset by default
-                self.arg_views.setdefault(a.buf, set()).add((tuple(a.shape), tuple(a.stride)))
-                return a.buf + _view_text(a.shape, a.stride)
+                return a.buf if a.buf in self.view_once else a.buf + _view_text(a.shape, a.stride)
             return (f"{a.buf}.as_strided({list(a.shape)}, {list(a.stride)}, "
                     f"{a.buf}.storage_offset() + {a.offset})")
         if isinstance(a, (list, tuple)):
@@ -502,47 +284,8 @@ def _returns_tuple(target) -> bool:
         str(schema.returns[0].type).startswith(("Tensor[]", "List")))
 
 
-ALIGN = 64  # bytes; every kept buffer starts on a cache line
-
-
 def _view_text(shape, stride) -> str:
     return f".as_strided({list(shape)}, {list(stride)})"
-
-
-def _extent(shape, stride, dtype) -> int:
-    """Bytes a strided layout spans (0 for an empty tensor)."""
-    if any(n == 0 for n in shape):
-        return 0
-    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * dtype.itemsize
-
-
-def _pack(sizes: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], int]:
-    """Byte offsets for buffers alive over `spans` (inclusive line ranges): largest first, each
-    at the lowest aligned offset clear of every placed buffer whose span overlaps its own.
-    Returns (offsets, arena bytes)."""
-    offsets = [0] * len(sizes)
-    placed: list[int] = []
-    for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], spans[k])):
-        busy = sorted((offsets[j], offsets[j] + sizes[j]) for j in placed
-                      if spans[j][0] <= spans[k][1] and spans[k][0] <= spans[j][1] and sizes[j])
-        at = 0
-        for lo, hi in busy:
-            if at + sizes[k] <= lo:
-                break
-            at = max(at, -(-hi // ALIGN) * ALIGN)
-        offsets[k] = at
-        placed.append(k)
-    total = max((offsets[k] + sizes[k] for k in range(len(sizes))), default=0)
-    return offsets, -(-total // ALIGN) * ALIGN
-
-
-def _pool_key(b: Buffer) -> tuple:
-    return (b.nbytes, b.dtype, b.stride == _contig(b.shape))
-
-
-def _contig(shape) -> tuple:
-    from trainc.codegen.ir import contiguous_strides
-    return contiguous_strides(shape)
 
 
 def _peak_comment(stats: dict) -> str:
@@ -565,14 +308,15 @@ def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: boo
     the wrapper once, then kept across calls (stats["kept_bytes"]). `host_scalars`: one-element
     CPU inputs of a graph whose kernels run on `device`, copied there once per call. `gemm`:
     per mm/addmm call (and `inplace=True`: one run in place), a function to call instead of
-    ATen's out= or in-place form (codegen/cpp/gemm.py), or None."""
-    w = _Writer(sched, params, tensors, device, host_scalars, gemm)
-    w.write()
-    kept = w.keep_buffers() if keep else 0
-    stats = {"fresh_bytes": w.fresh - kept, "peak_bytes": w.peak, "inplace": len(w.storage),
-             "kept_bytes": kept, "peak_live": w.peak_live(),
+    ATen's out= or in-place form (codegen/cpp/gemm.py), or None. The memory plan comes first
+    (stats["memory_plan"]); the wrapper is printed from it."""
+    plan = plan_memory(sched, params, keep=keep, tensors=tensors, gemm=gemm)
+    p = _Printer(sched, plan, params, tensors, device, host_scalars, gemm)
+    body = p.write()
+    stats = {"fresh_bytes": plan.fresh_bytes - plan.arena_bytes, "peak_bytes": plan.peak_bytes,
+             "inplace": len(plan.storage), "kept_bytes": plan.arena_bytes,
+             "peak_live": peak_rows(plan, sched), "memory_plan": plan,
              # the layout of each tensor output (None: not a tensor), for the next graph's inputs
              "output_strides": tuple(tuple(a.stride) if isinstance(a, TensorArg) else None
                                      for a in sched.graph.outputs)}
-    source = _peak_comment(stats) + "def run(args):\n" + "\n".join(w.lines) + "\n"
-    return Wrapper(source, w.ns, stats)
+    return Wrapper(_peak_comment(stats) + body, p.ns, stats)

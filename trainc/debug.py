@@ -68,6 +68,12 @@ class Dumper:
         if parts:
             self.text("42_kernels.txt", "\n".join(parts))
 
+    def memory(self, name: str, compiled) -> None:
+        """A compiled graph's memory plan (codegen/memory/), where its backend made one."""
+        plan = compiled.extra.get("memory_plan") if compiled is not None else None
+        if self.dir and plan is not None:
+            self.text(name, str(plan))
+
     def __call__(self, name: str, gm: fx.GraphModule) -> None:  # the pass manager's hook
         self.graph(name, gm, f"after pass {name}")
 

@@ -99,6 +99,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     if bwd_acc is not None:
         dump.graph("32_bwd_accumulate.py", acc_gm, "backward graph adding into .grad")
         dump.text("32_bwd_accumulate_wrapper.py", bwd_acc.source)
+        dump.memory("43_bwd_accumulate_memory.txt", bwd_acc)
     return art, record
 
 
@@ -143,9 +144,11 @@ def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:
         dump.text("20_partition.txt", records.decision_table(part.decisions))
     dump.graph("30_fwd.py", fwd_gm, "forward graph" if part else "inference graph")
     dump.text("30_fwd_wrapper.py", fwd.source)
+    dump.memory("43_fwd_memory.txt", fwd)
     if bwd_gm is not None:
         dump.graph("31_bwd.py", bwd_gm, "backward graph")
         dump.text("31_bwd_wrapper.py", bwd.source)
+        dump.memory("43_bwd_memory.txt", bwd)
 
 
 def _saved_layouts(fwd, bwd_gm: fx.GraphModule, n_fwd_outputs: int) -> None:

@@ -16,7 +16,7 @@ from trainc.codegen.cpp.printer import print_kernel
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.storage import plan_storage
+from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 

@@ -180,7 +180,7 @@ def _loop_plan(kern: Kernel, g: LoweredGraph, k: int, osyms, shape, vector, tiny
 
 def kernel_writes(kern: Kernel, g: LoweredGraph) -> set[str]:
     """Buffers the kernel writes: its nodes, the buffers in-place results overwrite
-    (codegen/storage.py), its scratch buffers."""
+    (codegen/memory/inplace.py), its scratch buffers."""
     return {n.name for n in kern.nodes} | {g.storage[n.name] for n in kern.nodes
                                            if n.name in g.storage} | set(kern.scratch)
 

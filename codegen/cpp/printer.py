@@ -47,7 +47,7 @@ class KernelPrinter:
         self._tmp = 0
         self.narrow: dict = {}  # expr -> computed in int32 (codegen/cpp/narrow.py)
         self.narrow_names: set[str] = set()  # the C variables holding such values
-        # an in-place result is stored into the buffer it overwrites (codegen/storage.py):
+        # an in-place result is stored into the buffer it overwrites (codegen/memory/inplace.py):
         # one pointer, so __restrict__ stays true
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
         self.written = kernel_writes(kern, g)

@@ -16,7 +16,7 @@ from trainc.codegen.split_reductions import split_reductions
 from trainc.codegen.graph import CallNode, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.storage import plan_storage
+from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen.triton.launch import (Launcher, begin_call, end_call, load_module,
                                           precompile)
 from trainc.codegen.triton.printer import PERSISTENT_LIMIT, PRELUDE, kernel_source

@@ -88,7 +88,7 @@ class KernelPrinter:
         self.exact_divs: set = set()  # divisions printed IEEE-rounded whatever precise_div
         self.params: dict[str, bool] = {}
         self.loaded: set[str] = set()
-        # an in-place result is stored into the buffer it overwrites (codegen/storage.py)
+        # an in-place result is stored into the buffer it overwrites (codegen/memory/inplace.py)
         self.rename = {n.name: g.storage[n.name] for n in kern.nodes if n.name in g.storage}
         self.rename_loads: dict[str, str] = {}  # split: reduction results read from scratch
         self.scratch_dtype: dict[str, torch.dtype] = {}

@@ -19,7 +19,7 @@ from trainc.codegen.cpp.printer import kernel_source, print_kernel
 from trainc.codegen.graph import lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.storage import plan_storage
+from trainc.codegen.memory.inplace import plan_storage
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 

@@ -11,7 +11,7 @@ from trainc.codegen.cpp.printer import MIN_INNER, SCRATCH_BYTES, kernel_source
 from trainc.codegen.graph import lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.storage import plan_storage
+from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen.symbols import Indirect, Range, Symbols, indirect
 
 

@@ -1,4 +1,4 @@
-"""In-place ops from post-grad reinplacing stay in place in generated code (codegen/storage.py):
+"""In-place ops from post-grad reinplacing stay in place in generated code (codegen/memory/inplace.py):
 results match eager, the plan takes safe hints and refuses kernel-level hazards, and
 compile_step allocates no second copy of parameters or optimizer state."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trainc.codegen import get_backend
 from trainc.codegen.graph import lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, Schedule, schedule
-from trainc.codegen.storage import plan_storage
+from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen import is_extern
 from trainc.passes import POST_GRAD_PASSES, run_passes
 from policy import assert_same

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 
 import trainc.codegen as codegen
-from trainc.testing import Program, assert_grads_match, compare, programs
+from trainc.testing import Program, assert_grads_match, compare, programs, zoo_stacks
 from trainc.testing.programs import InputSpec
 
 
@@ -176,3 +176,46 @@ def test_round_each_op_moves_results_not_views_and_scales_linearly():
     with _RoundEachOp(1e-6, 1.0, draw=2):  # another draw: other signs
         y2 = x * 1.0
     assert not torch.equal((y2 - x) / x, moved[1.0])
+
+
+@settings(max_examples=40)
+@given(prog=programs(max_ops=12))
+def test_broadened_programs_return_side_outputs_exactly(prog):
+    """Integer/bool side outputs (argmax, comparisons) are returned, never fed to float ops."""
+    outs = prog.fn()(*prog.make_inputs())
+    sides = [name for name in prog.outputs if name.startswith("s")]
+    for name, out in zip(prog.outputs, outs):
+        assert (not out.is_floating_point()) == name.startswith("s")
+    assert not any(f"({s}" in line or f" {s}," in line for s in sides
+                   for line in prog.body if not line.startswith(f"{s} ="))
+
+
+def test_input_specials_place_ties_signed_zeros_and_magnitudes():
+    spec = InputSpec((2, 5), special=((0, "tie"), (3, "near"), (6, "-0.0"), (8, "6.0")),
+                     scale=1e4)
+    prog = Program(torch.float32, (spec,), ("v0 = x0 * 2.0",), ("v0",), 0, 3)
+    x = prog.make_inputs()[0].detach().view(-1)
+    assert x[0] == x[1] and 0 < abs(x[3] - x[4]) <= 4 * torch.finfo(x.dtype).eps * abs(x[4])
+    assert x[6] == 0 and torch.signbit(x[6]) and x[8] == 6.0 and x[2].abs() > 1  # scaled by 1e4
+
+
+def test_float64_programs_never_draw_inexact_eager_ops():
+    from hypothesis import find
+    from trainc.testing.compositions import FLOAT64_INEXACT
+    try:
+        find(programs(dtypes=(torch.float64,), max_ops=20),
+             lambda p: any(op.split("(")[0] in line for op in FLOAT64_INEXACT for line in p.body),
+             settings=settings(max_examples=150, database=None))
+    except Exception as e:  # hypothesis.errors.NoSuchExample: none drawn, as it should be
+        assert type(e).__name__ == "NoSuchExample"
+    else:
+        raise AssertionError("a float64 program drew an op whose eager float64 kernel is inexact")
+
+
+@settings(max_examples=10)
+@given(stack=zoo_stacks())
+def test_zoo_stacks_run_in_train_mode_and_print(stack):
+    model = stack.make_model()
+    assert model.training and "class Model" in repr(stack)
+    outs = model(*stack.make_inputs())
+    assert outs[0].dim() in (2, 4)

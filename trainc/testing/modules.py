@@ -27,6 +27,7 @@ class ModuleStack:
     tokens: int = 0  # > 0: the input is int64 token ids below this (an Embedding comes first)
     requires_grad: bool = True
     seed: int = 0
+    channels_last: bool = False  # model and (4-d) input in channels-last memory format
 
     @property
     def source(self) -> str:
@@ -44,7 +45,8 @@ class ModuleStack:
             "        if isinstance(m, (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d)):",
             "            nn.init.normal_(m.weight)",
             "            nn.init.normal_(m.bias)",
-            "    return model.to(dtype)", "", "",
+            "    return model.to(dtype)" + (".to(memory_format=torch.channels_last)"
+                                           if self.channels_last else ""), "", "",
             f"def make_inputs(dtype={self.dtype}):",
             f"    g = torch.Generator().manual_seed({self.seed})",
             "    " + self._input_line(), "    return [x]", ""])
@@ -53,8 +55,10 @@ class ModuleStack:
         if self.tokens:
             return f"x = torch.randint(0, {self.tokens}, {self.input_shape}, generator=g)"
         grad = ".requires_grad_()" if self.requires_grad else ""
+        layout = ".contiguous(memory_format=torch.channels_last)" \
+            if self.channels_last and len(self.input_shape) == 4 else ""
         return (f"x = torch.randn({self.input_shape}, generator=g, dtype=torch.float64)"
-                f".to(dtype){grad}")
+                f".to(dtype){layout}{grad}")
 
     def __repr__(self) -> str:
         return "\n" + self.source

@@ -15,11 +15,17 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume
 
-from trainc.testing import ops
+from trainc.testing import compositions, ops
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 LAYOUTS = ("contiguous", "transposed", "strided", "expanded")
 MAX_NUMEL = 2048
+# Special input values: NaN/Inf; signed zeros; clamp/ReLU/hardtanh cutoffs; large and tiny
+# magnitudes; "tie" (a copy of the next element) and "near" (within a few float32 ulps of it),
+# where max/min/sort and their gradients must pick the side eager picks.
+SPECIALS = ("nan", "inf", "-inf", "-0.0", "0.0", "0.5", "-0.5", "1.0", "-1.0", "6.0", "1.5",
+            "1e30", "-1e30", "1e-30", "tie", "tie", "near")
+SCALES = (1.0, 1e-4, 1e4, 1e-19, 1e19)  # the whole input times this: magnitude extremes
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,8 @@ class InputSpec:
     requires_grad: bool = True
     layout: str = "contiguous"  # one of LAYOUTS
     expand_dims: tuple[int, ...] = ()  # dims stored with size 1 (layout "expanded")
-    special: tuple[tuple[int, str], ...] = ()  # (flat index into the base, "nan"/"inf"/"-inf")
+    special: tuple[tuple[int, str], ...] = ()  # (flat index into the base, one of SPECIALS)
+    scale: float = 1.0
 
     def base_shape(self) -> tuple[int, ...]:
         s = list(self.shape)
@@ -47,9 +54,18 @@ class InputSpec:
         numel = 1
         for s in base:
             numel *= s
+        if self.scale != 1.0:
+            out.append(f"{name} = {name} * {self.scale!r}")
         for i, kind in self.special:
-            if numel:
-                out.append(f"{name}.view(-1)[{i % numel}] = float({kind!r})")
+            if not numel:
+                continue
+            i, j = i % numel, (i + 1) % numel
+            if kind == "tie":
+                out.append(f"{name}.view(-1)[{i}] = {name}.view(-1)[{j}]")
+            elif kind == "near":
+                out.append(f"{name}.view(-1)[{i}] = {name}.view(-1)[{j}] * (1 + 2 ** -22)")
+            else:
+                out.append(f"{name}.view(-1)[{i}] = float({kind!r})")
         tail = {"contiguous": "", "transposed": ".transpose(-2, -1)", "strided": "[..., ::2]",
                 "expanded": f".expand{self.shape}"}[self.layout]
         grad = ".requires_grad_()" if self.requires_grad else ""
@@ -191,6 +207,7 @@ class _Builder:
         self.lines: list[str] = []
         self.used: set[str] = set()
         self.dropouts: list[str] = []
+        self.side: list[str] = []  # integer/bool results: returned, never operands
 
     def val(self, name: str) -> torch.Tensor:
         return self.env[name]
@@ -205,6 +222,8 @@ class _Builder:
 
     def add(self, line: ops.Line) -> None:
         name = f"v{len(self.names) - sum(n.startswith('x') for n in self.names)}"
+        if line.kind == "side":
+            name = f"s{len(self.side)}"
         text = line.text if line.kind == "inplace" else f"{name} = {line.text}"
         env = dict(self.env, torch=torch, F=F)
         try:
@@ -213,7 +232,12 @@ class _Builder:
                 exec(text, env)
         except (RuntimeError, IndexError, ValueError, TypeError):
             return
-        if line.kind != "inplace":
+        if line.kind == "side":
+            v = env[name]
+            if not torch.is_tensor(v) or v.is_floating_point() or v.numel() > MAX_NUMEL:
+                return
+            self.side.append(name)
+        elif line.kind != "inplace":
             v = env[name]
             if not torch.is_tensor(v) or v.dtype != self.dtype or v.numel() > MAX_NUMEL \
                     or v.dim() > 6:
@@ -237,8 +261,8 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 @st.composite
 def input_specs(draw, n: int) -> tuple[InputSpec, ...]:
     """1-3 inputs whose shapes are related (equal, broadcastable, matmul-compatible) or not."""
-    dim = st.sampled_from((1, 2, 3, 4, 5, 0))
-    first = tuple(draw(st.lists(dim, min_size=0, max_size=4)))
+    dim = st.sampled_from((1, 2, 3, 4, 5, 0, 7, 9, 17))  # 0-d, size-1 and odd sizes too
+    first = _capped(tuple(draw(st.lists(dim, min_size=0, max_size=4))))
     shapes = [first]
     for _ in range(n - 1):
         rel = draw(st.sampled_from(("same", "broadcast", "matmul", "free")))
@@ -250,8 +274,22 @@ def input_specs(draw, n: int) -> tuple[InputSpec, ...]:
         elif rel == "matmul" and first:
             shapes.append((first[-1], draw(dim)))
         else:
-            shapes.append(tuple(draw(st.lists(dim, min_size=0, max_size=3))))
+            shapes.append(_capped(tuple(draw(st.lists(dim, min_size=0, max_size=3)))))
     return tuple(draw(_spec(s)) for s in shapes)
+
+
+def _capped(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Drop leading dims until the input has at most MAX_NUMEL elements."""
+    while shape and _numel(shape) > MAX_NUMEL:
+        shape = shape[1:]
+    return shape
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 @st.composite
@@ -263,23 +301,32 @@ def _spec(draw, shape: tuple[int, ...]) -> InputSpec:
     if layout == "expanded":
         expand = tuple(d for d in range(len(shape)) if draw(st.booleans()))
     special = ()
-    if draw(st.integers(0, 9)) == 9:  # one input in ten carries NaN/Inf values (never when shrunk)
-        special = tuple(draw(st.lists(st.tuples(st.integers(0, 1000),
-                                                st.sampled_from(("nan", "inf", "-inf"))),
-                                      min_size=1, max_size=2)))
-    return InputSpec(shape, draw(st.booleans()) or draw(st.booleans()), layout, expand, special)
+    if draw(st.integers(0, 9)) >= 7:  # three inputs in ten carry special values (not shrunk)
+        special = tuple(draw(st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(SPECIALS)),
+                                      min_size=1, max_size=3)))
+    scale = SCALES[0] if draw(st.integers(0, 9)) < 8 else draw(st.sampled_from(SCALES))
+    return InputSpec(shape, draw(st.booleans()) or draw(st.booleans()), layout, expand, special,
+                     scale)
 
 
 @st.composite
 def programs(draw, dtypes: Sequence[torch.dtype] = DTYPES, max_ops: int = 40,
-             max_inputs: int = 3, dropout: bool = True) -> Program:
-    """Random differentiable programs: DAGs of 1..max_ops ops over 1..max_inputs inputs."""
+             max_inputs: int = 3, dropout: bool = True,
+             families: Optional[Sequence[Callable]] = None) -> Program:
+    """Random differentiable programs: DAGs of 1..max_ops ops over 1..max_inputs inputs.
+    `families`: draw only these op families (of ops.OPS and compositions.OPS)."""
     dtype = draw(st.sampled_from(tuple(dtypes)))
     specs = draw(input_specs(draw(st.integers(1, max_inputs))))
     seed = draw(st.integers(0, 2**16))
     proto = Program(dtype, specs, (), ("x0",), 0, seed)
     b = _Builder(dtype, proto.make_inputs())
-    families = [f for f, w in ops.OPS.items() for _ in range(w) if dropout or f is not ops.dropout]
+    table = {**ops.OPS, **compositions.OPS}
+    if families is not None:
+        unknown = [f for f in families if f not in table]
+        if unknown:
+            raise ValueError(f"programs(families=...): not op families: {unknown}")
+        table = {f: w for f, w in table.items() if f in families}
+    families = [f for f, w in table.items() for _ in range(w) if dropout or f is not ops.dropout]
     n_ops = draw(st.integers(1, max_ops))
     for _ in range(n_ops):
         line = draw(st.sampled_from(families))(draw, b)
@@ -299,7 +346,7 @@ def _finish(b: _Builder, proto: Program) -> Program:
     if not sinks and not b.dropouts:
         sinks = [b.names[-1]]
     # Dropout results go last, so `Program.reference` finds the masks to replay.
-    outs, n_drop = sinks + list(b.dropouts), len(b.dropouts)
+    outs, n_drop = sinks + list(b.side) + list(b.dropouts), len(b.dropouts)
     while True:
         prog = Program(proto.dtype, proto.inputs, tuple(body), tuple(outs), n_drop, proto.seed)
         if _eager_ok(prog):

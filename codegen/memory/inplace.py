@@ -1,9 +1,11 @@
-"""Schedule -> storage plan: which in-place results (LoweredGraph.reuse hints) are computed
+"""Schedule -> in-place plan: which in-place results (LoweredGraph.reuse hints) are computed
 straight into the buffer their op overwrote. A hint is taken only when, in schedule order, nothing
 reads the old buffer after the writer, and inside the writing kernel every read of it happens at
 the written position before the write (reinplacing was decided on the FX graph, before fusion).
 """
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 
@@ -13,6 +15,9 @@ from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers, reads, wit
 from trainc.codegen.symbols import Indirect
 
 aten = torch.ops.aten
+# ATen calls the wrapper runs as their out= form, into a buffer it allocated (or took in place)
+OUT_VARIANTS = {aten.mm.default: aten.mm.out, aten.addmm.default: aten.addmm.out,
+                aten.bmm.default: aten.bmm.out}
 
 
 def plan_storage(sched: Schedule, foreign: frozenset = frozenset()) -> dict[str, str]:
@@ -75,12 +80,20 @@ def _view_aliased(sched: Schedule) -> set[str]:
     """Buffers a fallback op may return a view of (or that are such views): never overwritten."""
     out: set[str] = set()
     for it in sched.items:
-        if isinstance(it, CallNode) and it.kind == "fallback" and _may_alias(it.target):
+        if isinstance(it, CallNode) and it.kind == "fallback" and may_alias(it.target):
             out |= set(_call_buffers(it)) | {o for o in it.outputs if o is not None}
     return out
 
 
-def _may_alias(target) -> bool:
+def out_variant(c: CallNode, gemm: Callable[..., Optional[Callable]]):
+    """The out= op the call runs as, into a buffer the wrapper allocates, or None (keyword
+    arguments, or a function `gemm` picked to run it instead)."""
+    if c.kwargs or gemm(c) is not None:
+        return None
+    return OUT_VARIANTS.get(c.target)
+
+
+def may_alias(target) -> bool:
     schema = getattr(target, "_schema", None)
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
@@ -88,7 +101,6 @@ def _may_alias(target) -> bool:
 def _call_ok(c: CallNode, t: str, reads_t: bool) -> bool:
     """A call writes t's storage: an extern with an out= form that does not read t, or the
     in-place op a functional fallback stands for, writing t and reading it only there."""
-    from trainc.codegen.wrapper import OUT_VARIANTS
     if c.kind == "extern":
         if c.target in OUT_VARIANTS and not c.kwargs and not reads_t:
             return True
