@@ -64,7 +64,8 @@ def fused_storages(costs: CostModel, nodes: Sequence[fx.Node], outputs: Iterable
     for n in nodes:
         c = costs[n]
         for s in c.storages:
-            if s in materialized or s in costs.input_storages or costs.by_name.get(s.split("[")[0]) is not n:
+            owner = costs.by_name.get(s.split("[")[0])  # "name[i]": a tuple output's i-th
+            if s in materialized or s in costs.input_storages or owner is not n:
                 continue
             if c.cls in (P.CHEAP, P.RANDOM) or (c.cls == P.REDUCTION and
                                                costs.storage_bytes[s] >= _largest_input(costs, n)):

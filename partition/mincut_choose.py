@@ -41,25 +41,22 @@ OBJECTIVES = {"bytes": default_saved, "balanced": balanced_saved}
 
 def choose_mincut(joint: JointGraph, costs: CostModel,
                   config: Config) -> tuple[list[fx.Node], str, Optional[str]]:
+    saved = OBJECTIVES[config.partition_objective or "bytes"](joint, costs)
     if config.memory_budget is None:
-        objective = config.partition_objective or "bytes"
-        return OBJECTIVES[objective](joint, costs), "default", None
-    objective = config.partition_objective or "bytes"
-    saved = OBJECTIVES[objective](joint, costs)
-    plans = budget_plans(joint, costs, saved)
+        return saved, "default", None
     default = B.evaluate(joint, costs, saved, "default")
+    plans = budget_plans(joint, costs, default)
     best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(costs),
                           f"a graph of {len(joint.gm.graph.nodes)} nodes")
     return list(best.saved), "budget", note
 
 
-def budget_plans(joint: JointGraph, costs: CostModel, default: list) -> list[B.Plan]:
+def budget_plans(joint: JointGraph, costs: CostModel, default: B.Plan) -> list[B.Plan]:
     """Every candidate, the save-all and `default` plans among them. Cached on the graph module
     per policy, so partitioning one graph at several budgets sweeps once."""
     cache = joint.gm.meta.setdefault("trainc_budget_plans", {})
     key = costs.policy, costs.fuses
     if key not in cache:
         save_all = B.evaluate(joint, costs, save_all_nodes(joint), "save_all")
-        extra = [save_all, B.evaluate(joint, costs, default, "default")]
-        cache[key] = B.candidates(joint, costs, extra)
+        cache[key] = B.candidates(joint, costs, [save_all, default])
     return cache[key]
