@@ -6,6 +6,7 @@ other are regenerated as views, so they alias exactly as in eager mode.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from concurrent import futures
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from trainc.codegen import CompiledGraph
 from trainc.graph import GraphSignature, OutputKind, is_dense
 from trainc.joint import UnsupportedError
 
+# Unused outputs' zero tangents this large in all are passed expanded (see _tangents).
+ZERO_TANGENT_EXPAND_BYTES = 1 << 24
 DOUBLE_BACKWARD_MSG = (
     "trainc: double backward (torch.autograd.grad/backward with create_graph=True) through a "
     "trainc-compiled region is not supported: its compiled backward is not differentiable, so "
@@ -232,11 +235,9 @@ class _Function(torch.autograd.Function):
         # (kept when the graph is retained), ours are handed over in one list below.
         del tensors
         ctx.maybe_clear_saved_tensors()
-        tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                    for g, (shape, dtype, device) in
-                    zip((grads[t] for t in sig.tangents), ctx.tangent_meta)]
-        bwd = art.expanded.get(tangents) if art.expanded is not None and art.acc is None \
-            else None
+        expandable = art.expanded is not None and art.acc is None
+        tangents = _tangents([grads[t] for t in sig.tangents], ctx.tangent_meta, expandable)
+        bwd = art.expanded.get(tangents) if expandable else None
         if bwd is None:
             tangents = [g.contiguous() for g in tangents]
         args = saved + tangents
@@ -252,6 +253,21 @@ class _Function(torch.autograd.Function):
         else:
             results = art.bwd.run(args)
         return (None, *_grads_by_input(sig, results))
+
+
+def _tangents(grads: list, meta: list, expandable: bool) -> list:
+    """The backward's tangents, with zeros for outputs nobody differentiated (a model's logits
+    beside its loss, its KV caches). When those zeros are large they are one zero expanded,
+    read through the expanded-tangent backward: dense ones cost their whole size in memory and
+    bandwidth at the start of every backward."""
+    unused = sum(math.prod(shape) * dtype.itemsize
+                 for g, (shape, dtype, _) in zip(grads, meta) if g is None)
+    expand = expandable and unused >= ZERO_TANGENT_EXPAND_BYTES
+    return [g if g is not None else
+            torch.zeros((), dtype=dtype, device=device).expand(shape)
+            if expand and math.prod(shape) > 1 else
+            torch.zeros(shape, dtype=dtype, device=device)
+            for g, (shape, dtype, device) in zip(grads, meta)]
 
 
 def _grads_by_input(sig: GraphSignature, results: list) -> list:

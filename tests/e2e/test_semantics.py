@@ -1,4 +1,5 @@
 """Eager semantics through trainc.compile: mutation, aliasing, requires_grad, outputs, recompiles."""
+import copy
 import pytest
 import torch
 import torch.nn as nn
@@ -409,3 +410,44 @@ def test_view_output_of_an_expanded_input():
     x = torch.randn(1, 1).expand(1, 2).requires_grad_()
     _check(lambda a: a.transpose(0, 1), x)
     _check(lambda a: (a.t(), a * 2), torch.randn(3, 1).expand(3, 4).requires_grad_())
+
+
+class _LossAndLogits(nn.Module):
+    """A model returning its logits beside its loss, as Hugging Face models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x):
+        logits = self.head(torch.tanh(x))
+        return logits.float().logsumexp(-1).mean(), logits
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 40])
+def test_unused_output_tangent_is_expanded_zero_not_dense(monkeypatch, threshold):
+    from trainc import runtime
+    monkeypatch.setattr(runtime, "ZERO_TANGENT_EXPAND_BYTES", threshold)
+    zeros = []
+    real = runtime._tangents
+
+    def spy(grads, meta, expandable):
+        out = real(grads, meta, expandable)
+        zeros.extend(t for g, t in zip(grads, out) if g is None)
+        return out
+    monkeypatch.setattr(runtime, "_tangents", spy)
+    m = _LossAndLogits()
+    e, r = copy.deepcopy(m), copy.deepcopy(m).double()
+    c = _compile(m)
+    x = torch.randn(8, 16)
+    for _ in range(2):  # the second call runs the compiled expanded variant
+        xc, xe, xr = (x.clone().to(dt).requires_grad_() for dt in (x.dtype, x.dtype, torch.double))
+        for fn, xi in ((c, xc), (e, xe), (r, xr)):
+            fn(xi)[0].backward()
+        assert_policy("x.grad", xc.grad, xe.grad, xr.grad)
+        for p, q, s in zip(m.parameters(), e.parameters(), r.parameters()):
+            assert_policy("param grad", p.grad, q.grad, s.grad)
+            p.grad = q.grad = s.grad = None
+    assert len(zeros) == 2
+    strides = {tuple(z.stride()) for z in zeros}
+    assert strides == ({(0, 0)} if threshold == 0 else {(64, 1)})
