@@ -73,11 +73,17 @@ def alias_base(node: fx.Node) -> Optional[fx.Node]:
         return None
     sets = s.returns[0].alias_info.before_set
     for a, v in arg_values(node):
-        if a.alias_info is not None and a.alias_info.before_set & sets:
+        if a.alias_info is not None and (a.alias_info.before_set & sets or _into_list(a, sets)):
             first = next((x for x in _flat(v) if isinstance(x, fx.Node)), None)
             if first is not None:
                 return first
     return None
+
+
+def _into_list(arg, return_sets) -> bool:
+    """`Tensor(a -> *) self ... -> Tensor(a)[]` (split, chunk, unbind): the schema gives the
+    returned list no alias set of its own; its elements are views of `self`."""
+    return not return_sets and "*" in arg.alias_info.after_set and not arg.alias_info.is_write
 
 
 def is_view(node: fx.Node) -> bool:
