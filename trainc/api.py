@@ -76,6 +76,11 @@ class Explanation:
         return sum(g.attention_rewrites for g in self.graphs)
 
     @property
+    def chunked_losses(self) -> int:
+        """LM-head cross-entropies traced in row chunks (Config.chunk_loss)."""
+        return sum(g.chunked_losses for g in self.graphs)
+
+    @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
 
@@ -97,6 +102,9 @@ class Explanation:
         if self.attention_rewrites:
             text += (f"attention: {self.attention_rewrites} explicit softmax attention(s) traced "
                      "as scaled_dot_product_attention\n")
+        if self.chunked_losses:
+            text += (f"loss: {self.chunked_losses} LM-head cross-entropy(ies) computed in row "
+                     "chunks (chunk_loss)\n")
         if self.fallback_ops:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         for b in self.graph_breaks:

@@ -115,6 +115,10 @@ class Config:
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
+    # trace F.cross_entropy of a large linear's output (an LM head) as the linear and the loss
+    # in row chunks (trainc/chunked_loss.py), so that a memory budget can recompute the logits
+    # one chunk at a time in the backward. None: on when a memory budget below 1.0 is set.
+    chunk_loss: Optional[bool] = None
     # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
     # pooling around them follow. None: on for cpp (oneDNN is faster there); on triton, on for
     # convolutions in bfloat16/float16 (cuDNN runs them in NHWC and, given NCHW, converts around
@@ -173,6 +177,9 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if values["cpp_gemm"] not in ("auto", "aten"):  # an option or TRAINC_CPP_GEMM
         raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
                          f"{values['cpp_gemm']!r}")
+    if values.get("chunk_loss") is None:
+        values["chunk_loss"] = memory_budget is not None and not (
+            isinstance(memory_budget, float) and memory_budget == 1.0)
     return Config(**values)
 
 

@@ -80,6 +80,7 @@ class JointGraph:
     gm: fx.GraphModule
     signature: GraphSignature
     attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
+    chunked_losses: int = 0  # LM-head cross-entropies traced in row chunks (trainc/chunked_loss.py)
 
 
 def val(node: fx.Node) -> Optional[torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import artifact_cache, debug, records
+from trainc import artifact_cache, chunked_loss, debug, records
 from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import compile_workers, compiles_natively_on_cuda, get_backend
 from trainc.codegen.cudagraphs import mark_static_inputs
@@ -69,7 +69,9 @@ def no_cyclic_gc():
 def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], training: bool,
              config: Config, gid: int, t0: float) -> tuple[Artifact, records.GraphRecord]:
     dump = debug.Dumper(config, gid)
+    chunked = chunked_loss.rewrite(gm) if config.chunk_loss and training else 0
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
+    joint = dataclasses.replace(joint, chunked_losses=chunked)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
     backend = get_backend(config.backend, _device(args), config)

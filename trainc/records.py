@@ -34,6 +34,7 @@ class GraphRecord:
     # (graph name, passes.PassStats): post-grad allocations before/after, reinplaced ops
     passes: tuple = ()
     attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
+    chunked_losses: int = 0  # LM-head cross-entropies in row chunks (trainc/chunked_loss.py)
     # the artifact cache: "hit", or "miss (why; nearest entry differs in: ...); stored", "off ..."
     cache: str = ""
 
@@ -53,14 +54,16 @@ class GraphRecord:
             fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
             compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
             passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm),
-            attention_rewrites=joint.attention_rewrites)
+            attention_rewrites=joint.attention_rewrites, chunked_losses=joint.chunked_losses)
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "
                 f"saved={self.saved_bytes / 2**20:.2f}MiB kernels={len(self.kernels)} "
                 f"fallbacks={len(self.fallback_ops)} compile={self.compile_seconds * 1e3:.0f}ms"
                 + (f" attention_rewrites={self.attention_rewrites}" if self.attention_rewrites
-                   else "") + (f" cache={self.cache}" if self.cache else ""))
+                   else "")
+                + (f" chunked_losses={self.chunked_losses}" if self.chunked_losses else "")
+                + (f" cache={self.cache}" if self.cache else ""))
 
 
 def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:
