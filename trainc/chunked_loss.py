@@ -31,7 +31,6 @@ _CE_KWARGS = {"weight": None, "size_average": None, "reduce": None, "label_smoot
 class _Match:
     loss: fx.Node  # the cross_entropy call
     linear: fx.Node
-    chain: tuple[fx.Node, ...]  # linear -> ... -> the loss's input
     dtype: Optional[torch.dtype]  # the cast applied to the logits before the loss
     target: object
     ignore_index: int
@@ -58,14 +57,13 @@ def _match(ce: fx.Node) -> Optional[_Match]:
     if any(kw.pop(k, v) != v for k, v in _CE_KWARGS.items()) or kw or \
             reduction not in ("mean", "sum") or not isinstance(ignore_index, int):
         return None
-    node, chain, dtype = ce.args[0], [], None
+    node, dtype = ce.args[0], None
     while isinstance(node, fx.Node) and node.op == "call_method" and len(node.users) == 1:
         step = _cast(node) if node.target in ("float", "to") else \
             _flatten(node) if node.target in ("view", "reshape", "contiguous") else False
         if step is False:
             return None
         dtype = step if step is not None else dtype
-        chain.append(node)
         node = node.args[0]
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in _LINEARS):
         return None
@@ -77,8 +75,7 @@ def _match(ce: fx.Node) -> Optional[_Match]:
     per_chunk = max(64, CHUNK_BYTES // (4 * classes) // 64 * 64)
     if rows < MIN_CHUNKS * per_chunk:
         return None
-    return _Match(ce, node, tuple(reversed(chain)), dtype, ce.args[1], ignore_index, reduction,
-                  per_chunk)
+    return _Match(ce, node, dtype, ce.args[1], ignore_index, reduction, per_chunk)
 
 
 def _cast(node: fx.Node):
