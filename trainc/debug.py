@@ -61,8 +61,8 @@ class Dumper:
                 f.write(text)
 
     def kernel_plans(self, **graphs) -> None:
-        """42_kernels.txt: each compiled graph's kernel plans (the C++ backend's,
-        codegen/cpp/plan.py), under the graph's name; nothing when no graph has any."""
+        """42_kernels.txt: each compiled graph's kernel plans (codegen/cpp/plan.py,
+        codegen/triton/plan.py), under the graph's name; nothing when no graph has any."""
         parts = [f"# {name}\n{g.extra['kernel_plans']}\n" for name, g in graphs.items()
                  if g is not None and "kernel_plans" in g.extra]
         if parts:

@@ -19,7 +19,9 @@ from trainc.codegen.scheduler import Kernel, schedule
 from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen.triton.launch import (Launcher, begin_call, end_call, load_module,
                                           precompile)
-from trainc.codegen.triton.printer import PERSISTENT_LIMIT, PRELUDE, kernel_source
+from trainc.codegen.triton.plan import TritonTarget, plan_kernel
+from trainc.codegen.triton.prelude import PRELUDE
+from trainc.codegen.triton.printer import print_kernel
 from trainc.codegen.wrapper import write_wrapper
 from trainc.config import Config, make_config
 
@@ -50,6 +52,8 @@ class TritonBackend:
 
     def __init__(self, config: Optional[Config] = None):
         self.config = config or make_config()
+        # what the kernel plans are made for (codegen/triton/plan.py)
+        self.target = TritonTarget(precise_div=self.config.triton_precise_div)
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
@@ -62,13 +66,14 @@ class TritonBackend:
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
         lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
-        sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
+        sched = schedule(split_reductions(lowered), register_row=self.target.persistent_limit)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
         foreign = _foreign(sched, example_inputs, device)
         plan_storage(sched, foreign)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
-        sources = [kernel_source(k, sched.graph, self.config.triton_precise_div) for k in kernels]
+        plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
+        sources = [print_kernel(k, plan, sched.graph) for k, plan in zip(kernels, plans)]
         module_src = PRELUDE + _module_body(sources)
         launch = tuple((s, k.info, tuple(sched.graph.buffers[b].dtype for b in s.params))
                        for s, k in zip(sources, kernels))
@@ -90,6 +95,7 @@ class TritonBackend:
                               "seconds": time.perf_counter() - t0,
                               "precompiled": pending.submitted if pending else 0,
                               **wrapper.stats,
+                              "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
                               # plain data rebuild() turns back into `run` (artifact cache)
                               "recipe": ("triton", (wrapper, module_src, launch, device))})
 

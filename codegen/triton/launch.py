@@ -1,5 +1,5 @@
-"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call;
-split kernels (split.py) launch their stages in order with per-call scratch buffers.
+"""Generated Triton module -> launchers: grid and block sizes per kernel, autotuned on first call
+among the configs its plan lists (configs.py); split kernels (split.py) launch their stages in order with per-call scratch buffers.
 
 Tuning results live on disk keyed by (kernel source hash, device name); TRITON_INTERPRET and CPU
 tensors, or `triton_autotune=False`, use the heuristic config and never tune.
@@ -10,18 +10,19 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import inspect
 import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable, Iterator, Optional
 
 import torch
 
-from trainc.codegen.triton.compile_pool import Batch, job_spec, lead_ready, start_warm
-from trainc.codegen.triton.printer import KernelSource, next_pow2
+from trainc.codegen.triton.compile_pool import lead_ready
+from trainc.codegen.triton.configs import LaunchConfig
+from trainc.codegen.triton.precompile import Precompile, precompile  # noqa: F401
+from trainc.codegen.triton.printer import KernelSource
 from trainc import cache_store
 from trainc.config import Config
 
@@ -46,14 +47,6 @@ def profile_kernels() -> Iterator[dict]:
             out[launcher] = [e - s if isinstance(s, float) else s.elapsed_time(e)
                              for s, e in pairs]
         _timing = None
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    XBLOCK: int
-    RBLOCK: int = 0  # looped reductions only
-    num_warps: int = 4
-    num_stages: int = 1
 
 
 def cache_dir(config: Config) -> str:
@@ -88,50 +81,6 @@ def _holds(path: str, source: str) -> bool:
 def _scratch(ks: KernelSource, args) -> tuple:
     """The kernel's per-call scratch buffers (on CUDA every argument is on the GPU by now)."""
     return tuple(torch.empty(s.numel, dtype=s.dtype, device=args[0].device) for s in ks.scratch)
-
-
-def heuristic(ks: KernelSource) -> LaunchConfig:
-    """The untuned config (and the first candidate). Looped and column configs are the ones
-    that won most often when every candidate was timed on the H200 (BENCHMARKS.md, session 9)."""
-    if ks.mode == "split":
-        return LaunchConfig(1, 2048, 8)
-    if ks.mode in ("1d", "scatter"):
-        x = min(1024, next_pow2(max(ks.xnumel, ks.rnumel, 1)))
-        return LaunchConfig(max(x, 16), 0, 4 if x <= 1024 else 8)
-    if ks.rblock:
-        x = max(1, min(next_pow2(ks.xnumel), 2048 // ks.rblock))
-        return LaunchConfig(x, 0, 4 if x * ks.rblock <= 2048 else 8)
-    if ks.column:  # loads run along x: wide x, short r (coalesced, few registers)
-        x, r = min(64, next_pow2(ks.xnumel)), min(64, next_pow2(ks.rnumel))
-        return LaunchConfig(x, r, 8 if x * r >= 4096 else 4, 2)
-    r = min(512, next_pow2(ks.rnumel))  # a few rows per program, pipelined loads
-    x = max(1, min(next_pow2(ks.xnumel), 2048 // r))
-    return LaunchConfig(x, r, 8 if x * r >= 2048 else 4, 2)
-
-
-def candidates(ks: KernelSource) -> list[LaunchConfig]:
-    """Launch configs worth timing (each one is a Triton compile on first use): the heuristic
-    and the runner-up of each kernel class. Timing every config of a wider set on the shared
-    models (338 kernels, H200) left the best of these two within 1% of the best of all, in
-    total time, at 2 compiles per kernel instead of ~5."""
-    h = heuristic(ks)
-    if ks.mode == "scatter":
-        return [h]
-    if ks.mode == "split":
-        out = [LaunchConfig(1, 1024, 4), LaunchConfig(1, 4096, 8)]
-    elif ks.mode == "1d":
-        out = [LaunchConfig(x, 0, 4) for x in (512, 1024) if x <= 2 * next_pow2(ks.xnumel)]
-    elif ks.rblock:
-        # two 4096-element rows per program: never the H200's pick for normact's rows, and
-        # their compile took 2.1-2.4 s against 1.0-1.3 s for one row (session 17)
-        xs = [x for x in (1, 2, 4, 8, 16, 32, 64) if 256 <= x * ks.rblock <= 4096
-              and x <= next_pow2(ks.xnumel)] or [1]
-        out = [LaunchConfig(x, 0, 4) for x in xs[:2]]
-    elif ks.column:
-        out = [LaunchConfig(min(32, next_pow2(ks.xnumel)), min(64, next_pow2(ks.rnumel)), 4, 2)]
-    else:
-        out = [LaunchConfig(min(16, next_pow2(ks.xnumel)), min(128, next_pow2(ks.rnumel)), 4, 2)]
-    return [h] + [c for c in dict.fromkeys(out) if c != h]
 
 
 class Launcher:
@@ -204,7 +153,7 @@ class Launcher:
         if found is not None:
             configs = [LaunchConfig(**found)]
         else:
-            configs = candidates(self.ks) if self._tunes() else [heuristic(self.ks)]
+            configs = list(self.ks.configs) if self._tunes() else [self.ks.configs[0]]
         fns = [f for f, _ in self.stages] or [f for f in (self.init, self.fn, self.cast)
                                               if f is not None]
         dtypes = list(self.dtypes) + [s.dtype for s in self.ks.scratch]
@@ -272,13 +221,13 @@ class Launcher:
         tunable = (self._tunes() and not self.interpret and
                    any(isinstance(a, torch.Tensor) and a.is_cuda for a in args))
         if not tunable:
-            return heuristic(self.ks)
+            return self.ks.configs[0]
         device = torch.cuda.get_device_name()
         path = os.path.join(cache_dir(self.config), f"tune_{self.key}.json")
         found = _read(path).get(device)
         if found is not None:
             return LaunchConfig(**found)
-        cands = candidates(self.ks)
+        cands = self.ks.configs  # the plan's (codegen/triton/configs.py)
         # timing re-runs the kernel: buffers it updates in place are timed on copies
         scratch = tuple(a.clone() if p in self.ks.inplace else a
                         for p, a in zip(self.ks.params, args))
@@ -306,85 +255,6 @@ class Launcher:
             end.synchronize()
             times.append(start.elapsed_time(end) / 3)
         return sorted(times)[len(times) // 2]
-
-
-JOBS_PER_PROCESS = 4
-
-
-class Precompile:
-    """The compiles `precompile` started for a graph's kernels. `finish()`, called before the
-    graph's first launch, waits for the workers' share, then compiles in threads (Triton's
-    AsyncCompileMode when present): those load the workers' kernels from the disk cache and
-    compile what a worker did not. Failures are ignored: that kernel compiles at its first
-    launch, as without this."""
-
-    def __init__(self, jobs: list, batch: Optional[Batch], threads: int):
-        self.jobs, self.batch, self.threads = jobs, batch, threads
-        self.submitted = len(jobs)
-
-    def finish(self) -> None:
-        lead_ready()
-        jobs, self.jobs = self.jobs, []
-        if self.batch is not None:
-            self.batch.wait()
-            self.batch = None
-        if not jobs:
-            return
-        try:
-            from triton.runtime._async_compile import AsyncCompileMode
-            # older versions leave a failed compile's placeholder in the JIT cache: threads
-            if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
-                AsyncCompileMode = None
-        except ImportError:
-            AsyncCompileMode = None
-        from concurrent.futures import ThreadPoolExecutor
-        try:
-            with ThreadPoolExecutor(min(self.threads, len(jobs))) as pool:
-                if AsyncCompileMode is not None:
-                    with AsyncCompileMode(pool, ignore_errors=True):
-                        for job in jobs:
-                            job()
-                else:
-                    list(pool.map(_quiet, jobs))
-        except Exception:  # noqa: BLE001 (best effort: launches compile what is missing)
-            pass
-
-
-def precompile(launchers: list, workers: int) -> Precompile:
-    """Start compiling every kernel's launch configs concurrently (first-call latency: a graph
-    has tens of kernels, each compiled serially at its first launch): in worker processes
-    into Triton's disk cache (compile_pool.py), then, at `finish()`, in threads. Returns at
-    once when workers are running, so the next graph is generated meanwhile."""
-    jobs, seen = [], set()
-    for launcher in launchers:  # kernels that alias one function (equal layers) compile once
-        for j in launcher.warmups():
-            key = _job_key(j)
-            if key not in seen:
-                seen.add(key)
-                jobs.append(j)
-    if workers <= 1 or len(jobs) <= 1:
-        return Precompile([], None, 0)
-    specs = [s for s in map(job_spec, jobs) if s is not None]
-    # the workers started for this graph (compile_pool.workers, before tracing) take any two
-    # or more (the lead's threads compile one at a time: H200 normact, 4 jobs a graph, 2.3 s);
-    # new processes, which cost a start and a first compile, from JOBS_PER_PROCESS jobs each
-    batch = start_warm(specs, min(workers, os.cpu_count() or 1, len(specs) // JOBS_PER_PROCESS))
-    return Precompile(jobs, batch, workers)
-
-
-def _job_key(job) -> tuple:
-    """What a warmup job compiles: its JIT function, argument dtypes and meta-parameters."""
-    if not isinstance(job, functools.partial):
-        return (id(job),)
-    fn = getattr(job.func, "__self__", job.func)
-    return (id(fn), job.args, tuple(sorted(job.keywords.items())))
-
-
-def _quiet(job) -> None:
-    try:
-        job()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 _call = threading.local()  # .ctx: (stream, launch hooks) of the running wrapper call, or None

@@ -1,28 +1,30 @@
-"""Scheduled kernels -> Triton source: 1D tiles for pointwise kernels, [XBLOCK, R] tiles for
-kernels with reductions (persistent when every row fits one tile, else looped over R), and an
-init + atomic pass for scatters. Sizes are baked in; int64 index math only when they need it.
+"""Kernel + KernelPlan -> Triton source: 1-D programs for pointwise kernels (transposing ones in
+2-D tiles), [XBLOCK, R] tiles for kernels with reductions (persistent when every row fits one
+tile, else looped over R), two-stage splits, and an init + atomic pass for scatters.
+
+The printer decides nothing: every choice is in the kernel's plan (codegen/triton/plan.py);
+values are spelled by exprs.py, reductions by reductions.py, splits by split.py, scatters by
+scatter.py. Sizes are baked in; int64 index math only where the plan says.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
-import sympy
 import torch
 
 from trainc.codegen import ir
-from trainc.codegen.graph import ComputeNode, LoweredGraph
-from trainc.codegen.scheduler import Kernel, Loop, reads
-from trainc.codegen.symbols import Symbols
-from trainc.codegen.triton.exprs import (TL, Body, _interpreting, cast_code, compute,
-                                          index_code, literal, tl_compute, to_dtype, widen)
-from trainc.codegen.triton.split import Scratch, split_source, splittable
-from trainc.codegen.triton.transpose import TILE_X, tile_lines, transposed_dims
-
-PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
-INT32_LIMIT = 2**31 - 1
-BIG_INDEX = 2**62  # argmax lanes that have not seen a value yet
+from trainc.codegen.graph import LoweredGraph
+from trainc.codegen.scheduler import Kernel, Loop
+from trainc.codegen.triton import reductions as R
+from trainc.codegen.triton.configs import LaunchConfig
+from trainc.codegen.triton.exprs import TL, Body, cast_code, compute, literal, tl_compute, \
+    to_dtype, widen
+from trainc.codegen.triton.plan import (PERSISTENT_LIMIT, KernelPlan, TritonTarget,  # noqa: F401
+                                        plan_kernel)
+from trainc.codegen.triton.scatter import scatter_source
+from trainc.codegen.triton.split import split_source
+from trainc.codegen.triton.transpose import TILE_X, tile_lines
 
 
 @dataclass(frozen=True)
@@ -32,17 +34,15 @@ class KernelSource:
     # "_init", ""[, "_cast"]; split: one per stage. Without the name: equal kernels are equal.
     funcs: tuple[tuple[str, str], ...]
     params: tuple[str, ...]
-    mode: str  # "1d" | "2d" | "scatter"
+    mode: str  # the plan's launch kind: "1d" | "2d" | "split" | "scatter"
     xnumel: int  # 1d/scatter-init: elements; 2d: outer rows
     rnumel: int  # 2d: largest row; scatter: scattered values
     rblock: int  # 2d persistent: the tile width; 0 when looped
     inplace: tuple[str, ...] = ()  # params the kernel both reads and writes (re-runs differ)
     stages: tuple = ()  # split: (split.Stage, ...) launched in order
     scratch: tuple = ()  # split, scatter: (split.Scratch, ...) per call, passed after params
-    # 2d: rows short enough for a persistent tile whose reductions read memory contiguous
-    # along x, across the reduced dims (per-channel statistics of channels-last data): wide x
-    # tiles, looped over r instead
-    column: bool = False
+    column: bool = False  # 2d: the plan's "column" mode (wide x tiles, looped over r)
+    configs: tuple[LaunchConfig, ...] = ()  # the plan's: the heuristic, then the candidates
 
     @property
     def source(self) -> str:
@@ -50,41 +50,18 @@ class KernelSource:
                                for suffix, rest in self.funcs)
 
 
-LOW = (torch.bfloat16, torch.float16)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def _column(kern: Kernel, syms: Symbols) -> bool:
-    """More of the reductions' loads are contiguous along the last outer dim than along the
-    last reduced dim."""
-    if not kern.outer:
-        return False
-    osyms = syms.ranges("o", kern.outer)
-    row = col = 0
-    for lp in kern.loops:
-        isyms = syms.ranges("i", lp.inner)
-        if not isyms:
-            continue
-        for n in lp.steps:
-            if n.kind != "reduction":
-                continue
-            for load in ir.loads(n.fn(osyms, isyms)):
-                index = sympy.sympify(load.index)
-                if index.diff(isyms[-1]) == 1:
-                    row += 1
-                elif index.diff(osyms[-1]) == 1:
-                    col += 1
-    return col > row
-
-
 class KernelPrinter:
-    def __init__(self, kern: Kernel, g: LoweredGraph, precise_div: bool = True):
-        self.k, self.g = kern, g
-        self.syms = g.symbols.kernel(kern.name)  # this kernel's own: its source is its own
-        self.precise_div = precise_div
+    """Spells one kernel from its plan; the state here is only what printing tracks."""
+
+    def __init__(self, kern: Kernel, plan: KernelPlan, g: LoweredGraph):
+        if plan.name != kern.name:
+            raise ValueError(f"trainc triton: plan of {plan.name} given for kernel {kern.name}")
+        if plan.mode != "scatter" and len(plan.loops) != len(kern.loops):
+            raise ValueError(f"trainc triton: plan of {kern.name} has {len(plan.loops)} loops, "
+                             f"the kernel {len(kern.loops)}")
+        self.k, self.g, self.plan = kern, g, plan
+        self.syms = plan.scope
+        self.precise_div = plan.precise_div
         self.exact_divs: set = set()  # divisions printed IEEE-rounded whatever precise_div
         self.params: dict[str, bool] = {}
         self.loaded: set[str] = set()
@@ -98,9 +75,7 @@ class KernelPrinter:
         self.consts: dict = {}
         self.const_lines: list[str] = []
         self._tmp = 0
-        self.need64 = _needs_int64(kern, g)
-        self.mode = _mode(kern)
-        self.tile: Optional[tuple[int, int]] = None  # pointwise: transpose.py's tile dims
+        self.mode = plan.kind
         self.rmask, self.rz = "rmask", "rz"
 
     def tmp(self) -> str:
@@ -174,17 +149,21 @@ class KernelPrinter:
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
-        if self.mode == "scatter":
-            ks = self._scatter()
-        elif self.mode == "1d":
-            ks = self._pointwise()
-        elif self.mode == "split":
+        plan = self.plan
+        launch = dict(mode=plan.kind, xnumel=plan.xnumel, rnumel=plan.rnumel,
+                      rblock=plan.rblock, column=plan.mode == "column", configs=plan.configs)
+        if plan.kind == "scatter":
+            funcs, scratch = scatter_source(self)
+            ks = KernelSource(self.k.name, tuple(funcs), tuple(self.params), scratch=scratch,
+                              **launch)
+        elif plan.kind == "1d":
+            ks = KernelSource(self.k.name, (self._pointwise(),), tuple(self.params), **launch)
+        elif plan.kind == "split":
             funcs, stages, scratch = split_source(self)
-            ks = KernelSource(self.k.name, tuple(funcs), tuple(self.params), "split",
-                              1, max(_numel(lp.inner) for lp in self.k.loops), 0, (),
-                              tuple(stages), tuple(scratch))
+            ks = KernelSource(self.k.name, tuple(funcs), tuple(self.params), stages=tuple(stages),
+                              scratch=tuple(scratch), **launch)
         else:
-            ks = self._tiled()
+            ks = KernelSource(self.k.name, (self._tiled(),), tuple(self.params), **launch)
         both = tuple(p for p, w in self.params.items() if w and p in self.loaded)
         return dataclasses.replace(ks, inplace=both)
 
@@ -198,7 +177,7 @@ class KernelPrinter:
         zs = "[XBLOCK, 1]" if shape2 else "[XBLOCK]"
         head = [f"({params}XBLOCK: tl.constexpr{extra}):", f"    xindex = {pid} * XBLOCK + {ar}",
                 f"    xmask = xindex < {n}", f"    xz = tl.zeros({zs}, tl.int32)"]
-        if self.tile is not None:  # transpose.py: every tile is whole
+        if self.plan.tile is not None:  # transpose.py: every tile is whole
             head[1:] = [f"    xz = tl.zeros([XBLOCK // {TILE_X}, {TILE_X}], tl.int32)",
                         "    xmask = xz == 0"]
         return suffix, "\n".join(head + self.const_lines + body.lines)
@@ -211,18 +190,17 @@ class KernelPrinter:
             q = var if st == 1 else f"({var} // {st})"
             body.emit(f"{s.name} = {q}" if d == 0 else f"{s.name} = {q} % {size}")
 
-    def _pointwise(self) -> KernelSource:
+    def _pointwise(self) -> tuple[str, str]:
         lp = self.k.loops[0]
         shape = tuple(self.k.outer) + tuple(lp.inner)
-        syms = self.syms.ranges("o", self.k.outer) + self.syms.ranges("i", lp.inner)
+        syms = list(self.plan.syms)  # made by the plan: every dim's
         body = Body(self, "    ")
-        self.tile = self._transposed(lp, syms, shape)
-        if self.tile is None:
+        if self.plan.tile is None:
             self._split(body, "xindex", syms, shape, "x")
         else:
             for s in syms:
                 self.sym_axes[s] = frozenset({"x"})
-            for line in tile_lines(syms, shape, *self.tile, self._pid()):
+            for line in tile_lines(syms, shape, *self.plan.tile, self._pid()):
                 body.emit(line)
         for n in lp.steps:
             v = body.value(n.fn(syms))
@@ -230,73 +208,47 @@ class KernelPrinter:
                 b = self.k.layout(n.name, self.g)
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
             self.values[n.name] = v
-        total = _numel(shape)
-        return KernelSource(self.k.name, (self._func("", body, total),), tuple(self.params), "1d",
-                            total, 0, 0)
-
-    def _transposed(self, lp: Loop, syms, shape) -> Optional[tuple[int, int]]:
-        """transpose.py's (store dim, load dim) for this pointwise loop, if it transposes."""
-        stored = [n for n in lp.steps if n.name not in self.k.local]
-        stores = [ir.linear(syms, self.k.layout(n.name, self.g).stride) for n in stored]
-        parts = [x for n in lp.steps for x in ir.walk(n.fn(syms))]
-        if any(isinstance(x, ir.Op) and x.name.startswith("philox") for x in parts):
-            return None
-        # only loads as large as the loop: a broadcast row vector read along the other dim is
-        # no reason to tile
-        loads = [x.index for x in parts if isinstance(x, ir.Load) and x.buf not in self.k.local
-                 and 2 * _numel(self.g.buffers[x.buf].shape) >= _numel(shape)]
-        return transposed_dims(syms, shape, stores, loads)
+        return self._func("", body, _numel(shape))
 
     def _pid(self) -> str:
-        return "tl.program_id(0).to(tl.int64)" if self.need64 else "tl.program_id(0)"
+        return "tl.program_id(0).to(tl.int64)" if self.plan.index64 else "tl.program_id(0)"
 
-    def _tiled(self) -> KernelSource:
-        osyms = self.syms.ranges("o", self.k.outer)
+    def _tiled(self) -> tuple[str, str]:
+        osyms = list(self.plan.syms)  # made by the plan: the outer dims'
         body = Body(self, "    ")
         self._split(body, "xindex", osyms, self.k.outer, "x")
-        rmax = max((_numel(lp.inner) for lp in self.k.loops), default=1)
-        # Only rows that would be persistent tiles: long column sums (mlp's and gpt's bias
-        # gradients) were 8% (mlp bf16) slower on the H200 with wide x tiles than looped rows.
-        fits = next_pow2(rmax) <= PERSISTENT_LIMIT
-        column = fits and not self.k.scratch and _column(self.k, self.syms)
-        persistent = fits and not column
+        persistent = self.plan.mode == "persistent"
         shared: dict = {}  # persistent: inner shape -> (isyms, rindex, rmask, rz)
-        written: set[str] = set()
-        for k, lp in enumerate(self.k.loops):
-            if k and any(l.buf in written for n in lp.steps for l in reads(n, self.g)):
+        for k, (lp, lplan) in enumerate(zip(self.k.loops, self.plan.loops)):
+            if lplan.barrier:
                 body.emit("tl.debug_barrier()")  # rows written by an earlier loop of this tile
             self._loop(body, lp, osyms, persistent, shared, k)
-            written |= {n.name for n in lp.steps if n.name not in self.k.local}
         extra = "" if persistent else ", RBLOCK: tl.constexpr"
-        func = self._func("", body, _numel(self.k.outer), extra)
-        return KernelSource(self.k.name, (func,), tuple(self.params), "2d",
-                            _numel(self.k.outer), rmax, next_pow2(rmax) if persistent else 0,
-                            column=column)
+        return self._func("", body, _numel(self.k.outer), extra)
 
     def _loop(self, outer: Body, lp: Loop, osyms, persistent: bool, shared: dict,
               k: int) -> None:
-        R = _numel(lp.inner)
+        rnumel = _numel(lp.inner)
         if persistent:
+            width = f"{self.plan.loops[k].width}"
             if lp.inner not in shared:
                 isyms = self.syms.ranges("i", lp.inner)
                 j = len(shared)
                 shared[lp.inner] = (isyms, f"rindex{j}", f"rmask{j}", f"rz{j}")
-                width = next_pow2(max(R, 1))
-                self._rvars(outer, f"tl.arange(0, {width})[None, :]", R, shared[lp.inner],
+                self._rvars(outer, f"tl.arange(0, {width})[None, :]", rnumel, shared[lp.inner],
                             f"[1, {width}]")
             isyms, rindex, self.rmask, self.rz = shared[lp.inner]
-            width = f"{next_pow2(max(R, 1))}"
             inner = outer
         else:
             isyms, rindex = self.syms.ranges("i", lp.inner), f"rindex{k}"
             self.rmask, self.rz = f"rmask{k}", f"rz{k}"
             width = "RBLOCK"
         reds = [n for n in lp.steps if n.kind == "reduction"]
-        accs = {n.name: self._acc_init(outer, n, width) for n in reds}
+        accs = {n.name: R.acc_init(self, outer, n, width) for n in reds}
         if not persistent:
-            outer.emit(f"for r{k} in range(0, {R}, RBLOCK):")
+            outer.emit(f"for r{k} in range(0, {rnumel}, RBLOCK):")
             inner = outer.child()
-            self._rvars(inner, f"r{k} + tl.arange(0, RBLOCK)[None, :]", R,
+            self._rvars(inner, f"r{k} + tl.arange(0, RBLOCK)[None, :]", rnumel,
                         (isyms, rindex, self.rmask, self.rz), "[1, RBLOCK]")
         saved = dict(self.values)
         for n in lp.steps:
@@ -308,174 +260,25 @@ class KernelPrinter:
                     self.store(inner, n.name, idx, v, f"xz + {self.rz}", f"xmask & {self.rmask}")
                 self.values[n.name] = v
             else:
-                self._accumulate(inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
+                R.accumulate(self, inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
         # values the scheduler keeps in registers (scratch: a later loop reads them at the
         # position they were computed at) stay visible to the next loops of a persistent tile
         kept = {n.name: self.values[n.name] for n in lp.steps if n.name in self.k.scratch}
-        assert persistent or not kept, "trainc triton: register-kept values need a persistent tile"
+        if kept and not persistent:
+            raise ValueError(f"trainc triton: {self.k.name} keeps values in registers "
+                             f"({', '.join(kept)}): its plan must be persistent, not "
+                             f"{self.plan.mode}")
         self.values = {**saved, **kept}
         for n in reds:
-            self._finish(outer, n, accs[n.name], osyms)
+            R.finish(self, outer, n, accs[n.name], osyms)
 
-    def _rvars(self, body: Body, arange: str, R: int, names, zshape: str) -> None:
+    def _rvars(self, body: Body, arange: str, rnumel: int, names, zshape: str) -> None:
         isyms, rindex, rmask, rz = names
-        cast = ".to(tl.int64)" if self.need64 else ""
+        cast = ".to(tl.int64)" if self.plan.index64 else ""
         body.emit(f"{rindex} = ({arange}){cast}")
-        body.emit(f"{rmask} = {rindex} < {R}")
+        body.emit(f"{rmask} = {rindex} < {rnumel}")
         body.emit(f"{rz} = tl.zeros({zshape}, tl.int32)")
-        self._split(body, rindex, isyms, self._inner_shape(isyms), "r")
-
-    @staticmethod
-    def _inner_shape(isyms) -> tuple[int, ...]:
-        return tuple(s.extent for s in isyms)
-
-    # -- reductions ---------------------------------------------------------------------------
-    def _acc_init(self, body: Body, n: ComputeNode, width: str) -> list[str]:
-        dt = _acc_dtype(n)
-        acc = self.tmp()
-        shape = f"[XBLOCK, {width}]"
-        op = n.reduce_op
-        if op in ("sum", "prod"):
-            body.emit(f"{acc} = tl.full({shape}, {0 if op == 'sum' else 1}, {TL[dt]})")
-            return [acc]
-        init = _extreme(dt, op in ("max", "argmax"))
-        body.emit(f"{acc} = tl.full({shape}, {init}, {TL[dt]})")
-        if op in ("max", "min"):
-            return [acc]
-        body.emit(f"{acc}i = tl.full({shape}, {BIG_INDEX}, tl.int64)")
-        return [acc, acc + "i"]
-
-    def _accumulate(self, body: Body, n: ComputeNode, acc: list[str], e: ir.Expr,
-                    rindex: str) -> None:
-        v = body.value(e)
-        if e.dtype == torch.bool:
-            v = f"{v}.to(tl.int32)"
-        if not self.axes.get(v) and v.startswith("t"):  # a scalar: give it the tile's shape
-            b = self.tmp()
-            body.emit(f"{b} = {v} + tl.zeros_like({acc[0]})")
-            v = b
-        m = f"xmask & {self.rmask}"
-        a = acc[0]
-        op = n.reduce_op
-        if op == "sum":
-            body.emit(f"{a} = {a} + tl.where({m}, {v}, 0)")
-        elif op == "prod":
-            body.emit(f"{a} = {a} * tl.where({m}, {v}, 1)")
-        elif op in ("max", "min"):
-            body.emit(f"{a} = tl.where({m}, {_extremum(op, _acc_dtype(n))}({a}, {v}), {a})")
-        else:
-            cmp = ">" if op == "argmax" else "<"
-            take = self.tmp()
-            body.emit(f"{take} = {m} & (({v} {cmp} {a}) | (({v} != {v}) & ({a} == {a})) | "
-                      f"({acc[1]} == {BIG_INDEX}))")
-            body.emit(f"{a} = tl.where({take}, {v}, {a})")
-            body.emit(f"{acc[1]} = tl.where({take}, {rindex} + xz, {acc[1]})")
-
-    def combine(self, body: Body, n: ComputeNode, acc: list[str]) -> str:
-        """The accumulator tile of reduction n reduced along its row: a [XBLOCK, 1] variable
-        (max/min: NaN where any element was NaN)."""
-        f = self.tmp()
-        op, a = n.reduce_op, acc[0]
-        if op == "sum":
-            body.emit(f"{f} = tl.sum({a}, 1)[:, None]")
-        elif op == "prod":
-            body.emit(f"{f} = tl.reduce({a}, 1, _prod)[:, None]")
-        elif op in ("max", "min"):
-            body.emit(f"{f} = {_reduce_extremum(op, _acc_dtype(n), a)}[:, None]")
-        else:
-            body.emit(f"_, {f} = tl.reduce(({a}, {acc[1]}), 1, _{op}_combine)")
-            body.emit(f"{f} = {f}[:, None]")
-        return f
-
-    def _finish(self, body: Body, n: ComputeNode, acc: list[str], osyms) -> None:
-        f = self.combine(body, n, acc)
-        if _expr_dtype(n) == torch.bool:
-            body.emit(f"{f} = {f} != 0")
-        self.axes[f] = frozenset({"x"})
-        self.keep(body, n.name, f)
-        if n.name not in self.k.local:
-            b = self.k.layout(n.name, self.g)
-            self.store(body, n.name, index_code(ir.linear(osyms, b.stride)), f, "xz", "xmask")
-
-    # -- scatter ------------------------------------------------------------------------------
-    def _scatter(self) -> KernelSource:
-        """init: out = init(i); then out[index(v)] op= fn(v). A bf16/fp16 scatter-add sums in a
-        float32 scratch (`acc`) and a third function rounds it into out: Triton has no 16-bit
-        atomic_add on every target (its interpreter has none), and float32 sums are exacter."""
-        n = self.k.nodes[0]
-        out = self.g.buffers[n.name]
-        acc = "acc" if n.reduce_op == "add" and out.dtype in LOW else ""
-        init = Body(self, "    ")
-        ssyms = self.syms.ranges("s", n.shape)
-        self._split(init, "xindex", ssyms, n.shape, "x")
-        v = init.value(n.init(ssyms))
-        if acc:
-            init.emit(f"tl.store({acc} + xindex, {v}, mask=xmask)")
-        else:
-            self.store(init, n.name, init.index(ir.linear(ssyms, out.stride)), v, "xz", "xmask")
-        body = Body(self, "    ")
-        vsyms = self.syms.ranges("v", n.rshape)
-        self._split(body, "xindex", vsyms, n.rshape, "x")
-        v = body.value(n.fn(vsyms))
-        if acc:
-            body.emit(f"tl.atomic_add({acc} + {body.index(n.index(vsyms))} + xz, {v}, "
-                      f"mask=xmask)")
-        else:
-            self.store(body, n.name, body.index(n.index(vsyms)), v, "xz", "xmask",
-                       atomic=n.reduce_op == "add")
-        funcs = [("_init", init, _numel(n.shape)), ("", body, _numel(n.rshape))]
-        scratch: tuple = ()
-        if acc:
-            cast = Body(self, "    ")
-            self._split(cast, "xindex", ssyms, n.shape, "x")
-            self.store(cast, n.name, cast.index(ir.linear(ssyms, out.stride)),
-                       f"tl.load({acc} + xindex, mask=xmask)", "xz", "xmask")
-            funcs.append(("_cast", cast, _numel(n.shape)))
-            scratch = (Scratch(acc, _numel(n.shape), torch.float32),)
-        src = tuple(self._func(suffix, b, size, scratch=scratch) for suffix, b, size in funcs)
-        return KernelSource(self.k.name, src, tuple(self.params), "scatter", _numel(n.shape),
-                            _numel(n.rshape), 0, scratch=scratch)
-
-
-def _mode(kern: Kernel) -> str:
-    if kern.kind == "scatter":
-        return "scatter"
-    if splittable(kern):
-        return "split"
-    if len(kern.loops) == 1 and all(n.kind == "pointwise" for n in kern.loops[0].steps):
-        return "1d"
-    return "2d"
-
-
-def _needs_int64(kern: Kernel, g: LoweredGraph) -> bool:
-    """int64 index math only when some buffer's extent or the iteration space passes int32."""
-    bufs = {l.buf for n in kern.nodes for l in reads(n, g)} | {n.name for n in kern.nodes}
-    for b in bufs:
-        buf = g.buffers[b]
-        extent = 1 + sum((s - 1) * abs(st) for s, st in zip(buf.shape, buf.stride) if s > 0)
-        if extent > INT32_LIMIT:
-            return True
-    for n in kern.nodes:
-        if _numel(n.shape) * max(_numel(n.rshape), 1) > INT32_LIMIT:
-            return True
-    return False
-
-
-def _expr_dtype(n: ComputeNode) -> torch.dtype:
-    syms = Symbols()  # a probe: its symbols meet no others
-    return n.fn(syms.ranges("c", n.shape), syms.ranges("c", n.rshape)).dtype
-
-
-def _acc_dtype(n: ComputeNode) -> torch.dtype:
-    dt = compute(_expr_dtype(n))
-    return torch.int32 if dt == torch.bool else dt
-
-
-def _extreme(dtype: torch.dtype, lowest: bool) -> str:
-    if dtype.is_floating_point:
-        return "-1e999" if lowest else "1e999"
-    info = torch.iinfo(dtype)
-    return str(info.min if lowest else info.max)
+        self._split(body, rindex, isyms, tuple(s.extent for s in isyms), "r")
 
 
 def _numel(shape) -> int:
@@ -485,167 +288,11 @@ def _numel(shape) -> int:
     return n
 
 
-def _extremum(op: str, dt: torch.dtype) -> str:
-    """The max/min combining two values of dtype dt as torch does: a NaN wins (one PTX
-    max.NaN/min.NaN instruction), rather than tracking NaNs beside the accumulator."""
-    if dt.is_floating_point:
-        return "_max_nan" if op == "max" else "_min_nan"
-    return "tl.maximum" if op == "max" else "tl.minimum"
-
-
-def _reduce_extremum(op: str, dt: torch.dtype, tile: str) -> str:
-    """A tile's rows reduced by _extremum. The interpreter runs a custom combine element by
-    element in Python (the triton tests took twice as long): there, tl.max and a NaN test."""
-    if not dt.is_floating_point:
-        return f"tl.{op}({tile}, 1)"
-    if _interpreting():
-        return (f"tl.where(tl.max(({tile} != {tile}).to(tl.int32), 1) > 0, float('nan'), "
-                f"tl.{op}({tile}, 1))")
-    return f"tl.reduce({tile}, 1, {_extremum(op, dt)})"
-
-
-PRELUDE = '''import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-
-
-@triton.jit
-def _floordiv(a, b):
-    q = a // b
-    return tl.where((a % b != 0) & ((a < 0) != (b < 0)), q - 1, q)
-
-
-@triton.jit
-def _mod(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _expm1(x):
-    # Kahan: (u - 1) * x / log(u) cancels the rounding error of u = exp(x)
-    u = tl.exp(x)
-    um1 = u - 1
-    r = tl.where(u == 1, x, um1 * x / tl.log(u))
-    r = tl.where(um1 == -1, -1.0, r)
-    return tl.where((u == u) & (tl.abs(x) < 1e999), r, tl.where(x > 0, x, -1.0 + x * 0))
-
-
-@triton.jit
-def _log1p(x):
-    u = 1 + x
-    d = u - 1  # where 1 + x is exact (large x, +inf) the Kahan correction is 1: plain log
-    return tl.where(u == 1, x, tl.where(d == x, tl.log(u), tl.log(u) * x / tl.where(u == 1, 1, d)))
-
-
-@triton.jit
-def _tanh(x):
-    # The interpreter has no libdevice.tanh: evaluated in float64, so float32 results are
-    # (nearly always) correctly rounded; saturated beyond 20 (also +-inf; NaN stays NaN).
-    xd = x.to(tl.float64)
-    e = _expm1(-2 * tl.abs(xd))
-    t = tl.where(tl.abs(xd) > 20, 1.0, -e / (2 + e))
-    return tl.where(xd < 0, -t, t).to(x.dtype)
-
-
-@triton.jit
-def _rne_bf16(x):
-    # float32 -> bfloat16 rounded to nearest even, by its bits (used only under the interpreter:
-    # its casts truncate and get subnormals wrong); NaN becomes c10's 0x7FC0
-    u = x.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return tl.where(x != x, 0x7FC0, r).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _bf16_f32(x):
-    # bfloat16 -> float32 by its bits (used only under the interpreter)
-    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
-
-
-@triton.jit
-def _nearbyint(x):
-    f = tl.floor(x)
-    d = x - f
-    odd = (f - 2 * tl.floor(f * 0.5)) != 0
-    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
-
-
-@triton.jit
-def _sign(a):
-    # +-inf give +-1; NaN and -0.0 give 0, as torch.sign
-    return tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
-
-
-@triton.jit
-def _ipow(a, b):
-    # interpreter only (no libdevice there): C pow's sign and special cases around exp2/log2;
-    # nested where, not &: the interpreter cannot broadcast & between 0-d and tile operands
-    r = tl.exp2(b * tl.log2(tl.abs(a)))
-    odd = (b - 2 * tl.floor(b * 0.5)) != 0
-    r = tl.where(a < 0, tl.where(tl.floor(b) == b, tl.where(odd, -r, r), float('nan')), r)
-    r = tl.where(b == 0, 1.0, r)
-    return tl.where(a == 1, 1.0, r)
-
-
-@triton.jit
-def _itan(x):
-    return tl.sin(x) / tl.cos(x)
-
-
-@triton.jit
-def _isinh(x):
-    return (_expm1(x) - _expm1(-x)) * 0.5
-
-
-@triton.jit
-def _icosh(x):
-    return (tl.exp(x) + tl.exp(-x)) * 0.5
-
-
-@triton.jit
-def _ierfc(x):
-    return 1.0 - tl.erf(x)
-
-
-@triton.jit
-def _prod(a, b):
-    return a * b
-
-
-@triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _min_nan(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _argmax_combine(v1, i1, v2, i2):
-    n1 = v1 != v1
-    n2 = v2 != v2
-    tie = (v1 == v2) | (n1 & n2)
-    take = ((v2 > v1) & (n1 == 0)) | (n2 & (n1 == 0)) | (tie & (i2 < i1))
-    return tl.where(take, v2, v1), tl.where(take, i2, i1)
-
-
-@triton.jit
-def _argmin_combine(v1, i1, v2, i2):
-    n1 = v1 != v1
-    n2 = v2 != v2
-    tie = (v1 == v2) | (n1 & n2)
-    take = ((v2 < v1) & (n1 == 0)) | (n2 & (n1 == 0)) | (tie & (i2 < i1))
-    return tl.where(take, v2, v1), tl.where(take, i2, i1)
-'''
+def print_kernel(kern: Kernel, plan: KernelPlan, g: LoweredGraph) -> KernelSource:
+    """The Triton functions of kernel `kern` as its plan says, and its launch data."""
+    return KernelPrinter(kern, plan, g).source()
 
 
 def kernel_source(kern: Kernel, g: LoweredGraph, precise_div: bool = True) -> KernelSource:
-    return KernelPrinter(kern, g, precise_div).source()
+    """The kernel's source, planned here (a TritonTarget with this precise_div)."""
+    return print_kernel(kern, plan_kernel(kern, g, TritonTarget(precise_div=precise_div)), g)

@@ -19,10 +19,12 @@ MIN_ELEMENTS = 1 << 16  # the 1-D launcher then picks XBLOCK >= 512 (heuristic a
 
 
 def transposed_dims(syms: Sequence, shape: Sequence[int], stores: Sequence[ir.Index],
-                    loads: Sequence[ir.Index]) -> Optional[tuple[int, int]]:
+                    loads: Sequence[ir.Index],
+                    min_elements: int = MIN_ELEMENTS) -> Optional[tuple[int, int]]:
     """(store dim, load dim) when every store is contiguous along one dim and some affine load
-    along another, both dividing into tiles; None otherwise."""
-    if math.prod(shape) < MIN_ELEMENTS or not stores:
+    along another, both dividing into tiles, in a loop of at least `min_elements`; None
+    otherwise."""
+    if math.prod(shape) < min_elements or not stores:
         return None
     store_dims = {_unit_dim(syms, idx) for idx in stores}
     if len(store_dims) != 1 or None in store_dims:
