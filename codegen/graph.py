@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from trainc.codegen import functional, ir
+from trainc.codegen import dumps, functional, ir
 from trainc.graph import is_dense
 from trainc.codegen.ir import TensorValue
 from trainc.codegen.symbols import Symbols
@@ -120,6 +120,9 @@ class LoweredGraph:
     reuse: dict[str, str] = field(default_factory=dict)
     storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
     symbols: Symbols = field(default_factory=Symbols)  # index symbols, numbered per graph
+
+    def __str__(self) -> str:
+        return dumps.lowered_text(self)
 
 
 class GraphLowering:

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import sympy
 
-from trainc.codegen import ir, reshape
+from trainc.codegen import dumps, ir, reshape
 from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
 from trainc.codegen import KernelInfo
 from trainc.codegen.symbols import Indirect, Symbols
@@ -80,6 +80,9 @@ Item = Union[Kernel, CallNode]
 class Schedule:
     items: list[Item]
     graph: LoweredGraph
+
+    def __str__(self) -> str:
+        return dumps.schedule_text(self)
 
 
 def reads(node: ComputeNode, g: LoweredGraph) -> list[ir.Load]:

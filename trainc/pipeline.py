@@ -95,7 +95,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
-    dump.kernel_plans(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
+    dump.codegen(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
     if bwd_acc is not None:
         dump.graph("32_bwd_accumulate.py", acc_gm, "backward graph adding into .grad")
         dump.text("32_bwd_accumulate_wrapper.py", bwd_acc.source)

@@ -189,7 +189,7 @@ class CompiledStep:
                                         if n.op == "placeholder"])
         dump.graph("30_step.py", gm, "whole step graph given to the backend")
         dump.text("30_step_wrapper.py", compiled.source)
-        dump.kernel_plans(step=compiled)
+        dump.codegen(step=compiled)
         dump.memory("43_step_memory.txt", compiled)
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
                                        gm, None, compiled, None, backend.name,

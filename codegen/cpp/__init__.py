@@ -33,10 +33,12 @@ class CppBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
         channels_last = self.config.conv_channels_last is not False
-        sched = schedule(lower(gm, LOWERINGS, is_extern, channels_last),
-                         scratch_bytes=SCRATCH_BYTES,
-                         min_inner=MIN_INNER)
+        lowered = lower(gm, LOWERINGS, is_extern, channels_last)
+        dumps = {"lowered": str(lowered)} if self.config.debug_dir else {}
+        sched = schedule(lowered, scratch_bytes=SCRATCH_BYTES, min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite
+        if dumps:
+            dumps["schedule"] = str(sched)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
         sources, params = [], {}
@@ -58,6 +60,7 @@ class CppBackend:
                              {"cpp": cpp, "library": path, "cache_hit": hit,
                               "seconds": time.perf_counter() - t0, **wrapper.stats,
                               "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
+                              **dumps,
                               # plain data rebuild() turns back into `run` (artifact cache)
                               "recipe": ("cpp", (wrapper, params, cpp))})
 

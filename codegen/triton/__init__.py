@@ -61,12 +61,16 @@ class TritonBackend:
         channels_last = self.config.conv_channels_last
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
-        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
-        sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
+        lowered = split_reductions(lower(gm, LOWERINGS, is_extern, channels_last,
+                                         store_scalars=True))
+        dumps = {"lowered": str(lowered)} if self.config.debug_dir else {}
+        sched = schedule(lowered, register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
         foreign = _foreign(sched, example_inputs, device)
         plan_storage(sched, foreign)
+        if dumps:
+            dumps["schedule"] = str(sched)
         kernels = [k for k in sched.items if isinstance(k, Kernel)]
         sources = [kernel_source(k, sched.graph, self.config.triton_precise_div) for k in kernels]
         module_src = PRELUDE + _module_body(sources)
@@ -89,7 +93,7 @@ class TritonBackend:
                              {"triton": module_src, "module": path, "device": str(device),
                               "seconds": time.perf_counter() - t0,
                               "precompiled": pending.submitted if pending else 0,
-                              **wrapper.stats,
+                              **wrapper.stats, **dumps,
                               # plain data rebuild() turns back into `run` (artifact cache)
                               "recipe": ("triton", (wrapper, module_src, launch, device))})
 
