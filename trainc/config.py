@@ -106,11 +106,12 @@ class Config:
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
     # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only.
-    # None: on for compile_step on CUDA with the triton backend (its parameters, buffers and
-    # optimizer state stay put, so a replay copies in only the batch and the CPU scalars), off
-    # for trainc.compile (a replay would clone every saved activation out of the graph's pool).
-    # TRAINC_CUDAGRAPHS=0/1 overrides the default. The default capture is skipped for a step
-    # whose copied inputs outweigh its launches (codegen/cudagraphs.py worth_it).
+    # "auto": captured only where codegen/cudagraphs.py worth_it says a replay pays (a step whose
+    # copied inputs outweigh its launches is not). None (resolve()): "auto" for compile_step on
+    # CUDA with a backend whose target replays by default (triton: parameters, buffers and
+    # optimizer state stay put, so a replay copies in only the batch and the CPU scalars), else
+    # False (trainc.compile: a replay would clone every saved activation out of the graph's
+    # pool). TRAINC_CUDAGRAPHS=0/1 overrides the default.
     cudagraphs: Optional[Union[bool, str]] = None
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
@@ -163,9 +164,9 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if objective not in (None, "bytes", "balanced"):
         raise ValueError(f"trainc: partition_objective must be None, 'bytes' or 'balanced', "
                          f"got {objective!r}")
-    if options.get("cudagraphs") not in (None, True, False):
-        raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
-                         f"{options['cudagraphs']!r}")
+    if options.get("cudagraphs") not in (None, True, False, "auto"):
+        raise ValueError(f"trainc: cudagraphs must be None (the default), True, False or "
+                         f"'auto', got {options['cudagraphs']!r}")
     if options.get("conv_channels_last") not in (None, True, False, "eager_tf32"):
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")
@@ -186,3 +187,22 @@ def _check_budget(budget: Any) -> None:
         raise ValueError(f"trainc: a float memory_budget is a fraction in [0, 1], got {budget}")
     if isinstance(budget, int) and budget < 0:
         raise ValueError(f"trainc: an int memory_budget is a byte count >= 0, got {budget}")
+
+
+def resolve(config: Config, target: Any, device_type: str, step: bool = False,
+            convolutions: bool = False) -> Config:
+    """`config` with the defaults that depend on the backend, the device and the entry point
+    decided (None means "decided here"); `target`: the backend's capabilities
+    (codegen/target.py). `step`: compile_step's whole-step graph; `convolutions`: the graph
+    has convolutions or pooling. accumulate_grads None stays: it is decided per graph by the
+    gradients' bytes (trainc/accumulate.py)."""
+    values: dict[str, Any] = {}
+    if config.partition_objective is None:
+        values["partition_objective"] = \
+            "bytes" if step or convolutions else target.partition_objective
+    if config.cudagraphs is None:
+        on = step and device_type == "cuda" and target.cuda_graphs
+        values["cudagraphs"] = "auto" if on else False
+    if config.conv_channels_last is None:
+        values["conv_channels_last"] = target.channels_last
+    return dataclasses.replace(config, **values) if values else config

@@ -13,9 +13,9 @@ import torch.fx as fx
 
 from trainc import artifact_cache, debug, records
 from trainc.accumulate import accumulating_backward, plan_accumulation
-from trainc.codegen import compile_workers, compiles_natively_on_cuda, get_backend
+from trainc.codegen import compile_workers, compiles_natively_on_cuda, get_backend, target_for
 from trainc.codegen.cudagraphs import mark_static_inputs
-from trainc.config import Config
+from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
@@ -72,13 +72,16 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
     joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
-    backend = get_backend(config.backend, _device(args), config)
-    part = partition(joint, _objective(config, joint.gm, backend.name)) \
-        if joint.signature.training else None
+    device = _device(args)
+    config = resolve(config, target_for(config.backend, device), device.type,
+                     convolutions=_convolutions(joint.gm))
+    backend = get_backend(config.backend, device, config)
+    part = partition(joint, config) if joint.signature.training else None
     post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
     plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
-        if part and config.accumulate_grads is not False and backend.name == "cpp" else None
+        if part and config.accumulate_grads is not False and backend.target.accumulates_grads \
+        else None
     acc_gm = run_passes(accumulating_backward(part.bwd, plan), post) if plan else None
     bwd_gm = run_passes(part.bwd, post) if part else None
     stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,
@@ -89,7 +92,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
         background=config.background_compile and  # where compiles are slow, the GPU busy
-        compiles_natively_on_cuda(backend.name, _device(args))) \
+        compiles_natively_on_cuda(config.backend, device)) \
         if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
@@ -128,15 +131,11 @@ def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, stri
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")
 
 
-def _objective(config: Config, gm: fx.GraphModule, backend: str) -> Config:
-    """Config with the partition objective resolved (Config.partition_objective: None means
-    "balanced" on cpp for graphs without convolutions or pooling, else "bytes")."""
-    if config.partition_objective is not None:
-        return config
-    conv = any(n.op == "call_function" and any(k in str(n.target) for k in _CONV_OR_POOL)
+def _convolutions(gm: fx.GraphModule) -> bool:
+    """Convolutions or pooling in the graph: the partition objective's default is "bytes" then
+    (config.resolve)."""
+    return any(n.op == "call_function" and any(k in str(n.target) for k in _CONV_OR_POOL)
                for n in gm.graph.nodes)
-    objective = "balanced" if backend == "cpp" and not conv else "bytes"
-    return dataclasses.replace(config, partition_objective=objective)
 
 
 def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:

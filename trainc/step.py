@@ -16,10 +16,10 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import artifact_cache, attention, debug, distributed, records, rng
-from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
-                            prestart_for)
+from trainc.codegen import (CompiledGraph, compile_workers, get_backend, prestart_for,
+                            target_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
-from trainc.config import Config, make_config
+from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph, trace_functional
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
@@ -201,14 +201,11 @@ class CompiledStep:
         return _Compiled(layout, compiled, sig, accumulate, tangent)
 
     def _graph_config(self, flat: list) -> Config:
-        """Config.cudagraphs None: replay the step as a CUDA graph on CUDA with the triton
-        backend. A whole step is the case CUDA graphs suit: everything but the batch and a few
-        CPU scalars stays put between calls, and launches are a large share of a step."""
-        if self.config.cudagraphs is not None:
-            return self.config
+        """The config with its defaults decided for this step's device and backend
+        (config.resolve: CUDA graphs "auto" on CUDA where the backend replays by default)."""
         device = _device(flat)
-        on = device.type == "cuda" and backend_name(self.config.backend, device) == "triton"
-        return dataclasses.replace(self.config, cudagraphs="auto" if on else False)
+        return resolve(self.config, target_for(self.config.backend, device), device.type,
+                       step=True)
 
     def _used_params(self, batch) -> list[int]:
         """Indices of parameters that receive a gradient (eager skips the others entirely)."""
