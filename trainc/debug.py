@@ -60,6 +60,16 @@ class Dumper:
             with open(os.path.join(self.dir, name), "w") as f:
                 f.write(text)
 
+    def compiled(self, number: str, stem: str, gm: Optional[fx.GraphModule], compiled,
+                 what: str) -> None:
+        """A graph given to the backend and what it made: <number>_<stem>.py (the graph),
+        <number>_<stem>_wrapper.py, 43_<stem>_memory.txt; nothing for a graph that is None."""
+        if gm is None or compiled is None:
+            return
+        self.graph(f"{number}_{stem}.py", gm, what)
+        self.text(f"{number}_{stem}_wrapper.py", compiled.source)
+        self.memory(f"43_{stem}_memory.txt", compiled)
+
     def codegen(self, **graphs) -> None:
         """The generated-code stages of each compiled graph, under the graph's name:
         40_lowered.txt (the lowered graph), 41_schedule.txt (its kernels and calls),
