@@ -133,9 +133,9 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     """A context for one graph's compile: on CUDA with Triton, its compile worker processes
     start here, so they start while the graph is traced (codegen/triton/compile_pool); one per
     node of `size` (the captured graph's nodes), up to triton_compile_workers. A worker is
-    ready ~0.3 s after its start (it imports Triton only) and each node makes kernels in both
-    graphs, most with two or three launch configs to compile: at one worker per 4 nodes
-    (before), H200 normact's 8 compiles ran 4 deep in 2 workers (~4 s of a 5.5 s first call)."""
+    ready soon after its start (it imports Triton only) and each node makes kernels in both
+    graphs, most with two or three launch configs to compile (fewer workers queued them;
+    BENCHMARKS.md)."""
     import contextlib
     if not compiles_natively_on_cuda(name, device):
         return contextlib.nullcontext()

@@ -55,9 +55,8 @@ def _compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind
 @contextlib.contextmanager
 def no_cyclic_gc():
     """Python's cyclic garbage collector paused while a graph compiles (re-enabled after, when
-    it was on): its full collections scan every object of the process (torch's included)
-    and took 0.29 s of a CPU gpt or convnet first call (11-19%). Garbage made meanwhile is
-    collected afterwards."""
+    it was on): its full collections scan every object of the process (torch's included), a
+    tenth of a first call and more (BENCHMARKS.md). Garbage made meanwhile is collected after."""
     was = gc.isenabled()
     gc.disable()
     try:
