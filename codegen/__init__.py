@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 import torch
 import torch.fx as fx
 
+from trainc.codegen.target import ATEN, Target
+
 if TYPE_CHECKING:
     from trainc.config import Config
 
@@ -33,7 +35,8 @@ class CompiledGraph:
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # for records and messages; what it can do is its target's (codegen/target.py)
+    target: Target
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph: ...
 
@@ -41,6 +44,7 @@ class Backend(Protocol):
 class AtenBackend:
     """Runs graphs op by op through ATen: always correct, never fast, the oracle for codegen."""
     name = "aten"
+    target = ATEN
 
     def __init__(self, config: Optional["Config"] = None):
         self.config = config
@@ -83,6 +87,18 @@ def backend_name(name: str, device: torch.device) -> str:
     return name
 
 
+def target_for(name: str, device: torch.device) -> Target:
+    """The capabilities of backend `name` ("auto" resolved for `device`), without making it."""
+    name = backend_name(name, device)
+    if name == "cpp":
+        from trainc.codegen.cpp.plan import CPU
+        return CPU
+    if name == "triton":
+        from trainc.codegen.triton.plan import GPU
+        return GPU
+    return ATEN
+
+
 def get_backend(name: str, device: torch.device, config: Optional["Config"] = None) -> Backend:
     name = backend_name(name, device)
     if name not in BACKENDS:
@@ -102,7 +118,7 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
 def compiles_natively_on_cuda(name: str, device: torch.device) -> bool:
     """Triton on CUDA, not under the interpreter: where kernels compile in worker processes
     (codegen/triton/compile_pool) and a compile can run beside the GPU's work."""
-    if backend_name(name, device) != "triton" or device.type != "cuda":
+    if device.type != "cuda" or not target_for(name, device).compile_workers:
         return False
     from trainc.codegen.triton import interpreting
     return not interpreting()
@@ -117,9 +133,9 @@ def compile_workers(name: str, device: torch.device, config: "Config", size: int
     """A context for one graph's compile: on CUDA with Triton, its compile worker processes
     start here, so they start while the graph is traced (codegen/triton/compile_pool); one per
     node of `size` (the captured graph's nodes), up to triton_compile_workers. A worker is
-    ready ~0.3 s after its start (it imports Triton only) and each node makes kernels in both
-    graphs, most with two or three launch configs to compile: at one worker per 4 nodes
-    (before), H200 normact's 8 compiles ran 4 deep in 2 workers (~4 s of a 5.5 s first call)."""
+    ready soon after its start (it imports Triton only) and each node makes kernels in both
+    graphs, most with two or three launch configs to compile (fewer workers queued them;
+    BENCHMARKS.md)."""
     import contextlib
     if not compiles_natively_on_cuda(name, device):
         return contextlib.nullcontext()
@@ -149,6 +165,7 @@ class _CudaGraphs:
 
     def __init__(self, inner: Backend, auto: bool = False):
         self.inner, self.name, self.auto = inner, inner.name, auto
+        self.target = inner.target
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         from trainc.codegen.cudagraphs import with_cudagraphs

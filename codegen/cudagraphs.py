@@ -97,9 +97,8 @@ class CudaGraphRunner:
         """A replay saves the host time of each launch (a few microseconds) and costs a copy of
         every input that does not stay put, and its private pool holds memory. Not worth it:
         a call whose host work takes under MIN_HOST_SHARE of its GPU time (the GPU never waits
-        for the host: H200, mlp bf16 step, 25.8 ms and 3554 MiB replayed vs 2880 MiB plain),
-        or inputs of more than COPY_BYTES_PER_LAUNCH per kernel (normact float32 step: 3
-        kernels, a 512 MiB batch, 3.12 ms plain vs 3.47 ms replayed)."""
+        for the host), or inputs of more than COPY_BYTES_PER_LAUNCH per kernel (the copies cost
+        more than the launches saved; measured: BENCHMARKS.md)."""
         if self.launches is None:
             return True
         if self.host_share is not None and self.host_share < MIN_HOST_SHARE:

@@ -15,7 +15,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from trainc.codegen import functional, ir
+from trainc.codegen import dumps, functional, ir
 from trainc.graph import is_dense
 from trainc.codegen.ir import TensorValue
 from trainc.codegen.symbols import Symbols
@@ -120,6 +120,9 @@ class LoweredGraph:
     reuse: dict[str, str] = field(default_factory=dict)
     storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
     symbols: Symbols = field(default_factory=Symbols)  # index symbols, numbered per graph
+
+    def __str__(self) -> str:
+        return dumps.lowered_text(self)
 
 
 class GraphLowering:
@@ -507,7 +510,7 @@ class GraphLowering:
         """A float32 copy of a bfloat16/float16 value computed here (the upcast a bf16 norm
         backward starts with): store the 16-bit value and widen it at each load. Widening is
         exact, so the users read the same numbers at half the bytes, and the kernel storing it
-        writes half (H200 convnet bf16 backward: a 268 MB float32 max-pool gradient)."""
+        writes half."""
         from trainc.codegen.lowerings.common import LOW, cast
         src = node.args[0] if node.target is aten._to_copy.default else None
         u = self.env.get(src) if isinstance(src, fx.Node) else None
@@ -599,9 +602,9 @@ aten = torch.ops.aten
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
 # A convolution backward computing both gradients is split in two calls when its input is at
 # least this large: where the input is not read later, it is freed before grad_input exists.
-# (H200 convnet float32: the backward's peak held a 256 MiB recomputed input, the new 256 MiB
-# grad_input and cuDNN's workspace at once.) Smaller ones stay one call (one launch less); a
-# large input read later costs the extra call and saves nothing.
+# (Else the peak holds the input, the new grad_input and cuDNN's workspace at once.) Smaller
+# ones stay one call (one launch less); a large input read later costs the extra call and
+# saves nothing.
 SPLIT_CONV_BACKWARD_BYTES = 64 << 20
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import sympy
 
-from trainc.codegen import ir, reshape
+from trainc.codegen import dumps, ir, reshape
 from trainc.codegen.graph import Buffer, CallNode, ComputeNode, LoweredGraph, TensorArg
 from trainc.codegen import KernelInfo
 from trainc.codegen.symbols import Indirect, Symbols
@@ -26,13 +26,12 @@ JOIN_WINDOW = 16
 SMALL_RESULT = 1 << 16  # bytes
 # A node of at least LARGE_NODE elements joins a kernel only to save at least TINY_SAVING bytes
 # of traffic. Sharing only scalars (an optimizer's lr and betas) saves a launch, not traffic, and
-# can starve the node of parallelism: a weight's AdamW update (16.7M elements) that joined a bias
-# gradient's column reduction ran in that kernel's 32 programs, 2.5x slower than on its own.
+# can starve the node of parallelism (a large AdamW update inside a column reduction's few
+# programs; BENCHMARKS.md).
 LARGE_NODE = 1 << 20  # elements
 TINY_SAVING = 1 << 10  # bytes
 # The same holds for a node with INNER_HEAVY times more elements than a reduction kernel's
-# outputs: it would run in the kernel's inner loops (a 128x1152 conv weight's AdamW update
-# fused into a 128-channel statistics kernel took 0.5 ms per step on the H200).
+# outputs: it would run in the kernel's inner loops.
 INNER_HEAVY = 64
 # Independent small nodes (each moving at most SMALL_NODE bytes) share one kernel while it moves
 # at most SMALL_KERNEL bytes, when everything they read exists before the kernel: the per-layer
@@ -80,6 +79,9 @@ Item = Union[Kernel, CallNode]
 class Schedule:
     items: list[Item]
     graph: LoweredGraph
+
+    def __str__(self) -> str:
+        return dumps.schedule_text(self)
 
 
 def reads(node: ComputeNode, g: LoweredGraph) -> list[ir.Load]:

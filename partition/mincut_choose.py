@@ -22,8 +22,8 @@ def default_saved(joint: JointGraph, costs: CostModel) -> list[fx.Node]:
     return min_cut(joint, costs, save_weight=big, recompute_weight=1, under_budget=False)
 
 
-# The balanced objective's recompute cost: one FLOP per byte (measured on the 2-core CPU box,
-# session 5: the policy's GPU-like 32 made recompute look free next to saving)
+# The balanced objective's recompute cost: one FLOP per byte (a GPU-like 32 made recompute
+# look free next to saving on CPUs; BENCHMARKS.md)
 BALANCED_FLOPS_PER_BYTE = 1.0
 
 

@@ -22,7 +22,7 @@ DEFER_RECOMPILE = "trainc.defer_recompile"  # gm.meta key: set while run_passes 
 def recompiled(gm: fx.GraphModule) -> fx.GraphModule:
     """A pass's changes made runnable (gm.recompile()), except inside run_passes, which
     recompiles once after its last pass: regenerating and compiling a large graph's Python
-    after every pass took ~0.3 s of gpt's first call (CPU box; more on the H200 host)."""
+    after every pass is a visible share of a first call (BENCHMARKS.md)."""
     if not gm.meta.get(DEFER_RECOMPILE):
         gm.recompile()
     return gm

@@ -19,8 +19,7 @@ from trainc.passes import MUTABLE_INPUTS
 
 aten = torch.ops.aten
 # Parameter gradient bytes below which the second backward is not worth its fixed cost per call
-# (the checks, ~4-13 us, the version bumps): 2-core box, interleaved, CPU time: normact (4 KiB)
-# 3% slower with it, convnet (40 KiB) 0.8% slower, gpt (2.2 MiB) 0.9% faster, mlp (8 MiB) 25%.
+# (its checks and version bumps; measured: BENCHMARKS.md, session 23 driver section).
 MIN_BYTES = 1 << 20
 
 

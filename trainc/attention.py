@@ -27,8 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # On CPU, below this many query positions the fused explicit form is faster than the attention
-# op (2-core box, fwd+bwd of B=4, H=4: T=64 0.67 vs 0.75 ms eager, trainc's gpt step 5% slower
-# with the rewrite; T=128 1.72 vs 1.62 ms, T=512 37.6 vs 31.7 ms). CUDA: always rewritten.
+# op (measured: BENCHMARKS.md, session 23 driver section). CUDA: always rewritten.
 CPU_MIN_SEQ = 128
 
 

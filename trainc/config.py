@@ -27,11 +27,10 @@ class Config:
     policy: Optional[Any] = None
     # What the min-cut minimizes without a memory budget: "bytes" (the fewest saved bytes,
     # recompute cost breaking ties) or "balanced" (saved bytes + recompute cost, FLOPs at one
-    # byte each). None: "balanced" on the cpp backend for graphs without convolutions or
-    # pooling, else "bytes". On the 2-core CPU box (session 6, interleaved) balanced was faster
-    # on normact (0.50 vs 0.65 ms) and mlp (12.4 vs 13.3), equal on gpt, and slower on convnet
-    # (4.3 vs 3.0: its backward then keeps uint8 masks and int64 pooling indices, and GCC does
-    # not vectorize the 16-channel loops that mix them). On GPUs recompute is cheap: bytes.
+    # byte each). None (resolve()): the target's objective ("balanced" on cpp, where recompute
+    # costs; "bytes" on GPUs, where it is cheap) for graphs without convolutions or pooling,
+    # else "bytes" (a balanced convnet backward keeps masks GCC does not vectorize with).
+    # Measurements: BENCHMARKS.md, session 23 driver section.
     partition_objective: Optional[str] = None
     debug: bool = False  # TRAINC_DEBUG=1: one summary line per compile
     debug_dir: Optional[str] = None  # TRAINC_DEBUG_DIR: dump every stage as runnable Python
@@ -45,25 +44,23 @@ class Config:
     # backend="cpp": allocate the buffers that never leave a compiled graph once, in one arena
     # planned like the wrapper's own allocations (about its planned peak), and keep it across
     # calls: freed memory goes back to the OS and fresh allocations page-fault on every call
-    # (session 5, 2-core box, interleaved: 2-7% per model step, mlp the most). The arena is
-    # held between calls; trainc.report.peak_bytes counts the arenas a measured run uses.
+    # (BENCHMARKS.md). The arena is held between calls; trainc.report.peak_bytes counts the
+    # arenas a measured run uses.
     # Off when a memory_budget is set (the budget is about the planned peak alone).
     cpp_keep_buffers: bool = True
     # backend="cpp": also compile a backward that adds each parameter's gradient into its
     # existing .grad in place, right after computing it (trainc/accumulate.py), used when
     # autograd would do exactly that add (no tensor hooks, not torch.autograd.grad, ...).
     # Without it, gradients are returned as fresh tensors that AccumulateGrad adds after the
-    # whole backward, from memory gone cold (session 9, 2-core box, mlp that never zeroes
-    # .grad: 8 MiB of fresh gradients page-faulted in per step; 0.75x the step time with it).
-    # None: only for graphs whose parameter gradients take >= accumulate.MIN_BYTES (below, its
-    # checks cost more than the add they save: normact, 4 KiB, 3% slower); True: always.
+    # whole backward, from memory gone cold (BENCHMARKS.md). Only on a backend whose target
+    # accumulates_grads. None: only for graphs whose parameter gradients take >=
+    # accumulate.MIN_BYTES (below, its checks cost more than the add they save); True: always.
     # Hooks registered on the AccumulateGrad node itself (grad_fn.next_functions[i][0].
     # register_prehook) would see None: turn it off for code that does that.
     accumulate_grads: Optional[bool] = None
     # backend="triton": the same for the Triton wrapper's own buffers (one planned arena kept
     # across calls). Meant for CUDA graphs, whose private pool fragments when each large buffer
-    # is allocated separately (H200 convnet float32 step: 2344 MiB reserved for a 1584 MiB live
-    # peak); off by default until that is measured on the GPU (STATUS.md).
+    # is allocated separately (BENCHMARKS.md); off by default until measured on the GPU.
     triton_keep_buffers: bool = False
     # Store compiled artifacts under cache_dir and load them in later processes, skipping
     # tracing and codegen (trainc/artifact_cache.py; TRAINC_CACHE_ARTIFACTS=0: off).
@@ -80,9 +77,8 @@ class Config:
     triton_fast_launch: bool = True
     # backend="triton": float32 division (and reciprocal) IEEE-rounded (`tl.div_rn`) instead of
     # Triton's `/` (div.full.f32: full range, NaN/Inf as IEEE, within 2 ulp; Inductor's choice).
-    # Off: H200 session 11 (measured with approximate sqrt too; sqrt stays IEEE), bf16 AdamW
-    # update 100 -> 80 us per 16.7M-element weight, normact forward 1.27 -> 1.18 ms; 2 ulp is
-    # far below DESIGN.md's float32 floor (1e-5).
+    # Off: IEEE division is measurably slower (BENCHMARKS.md) and 2 ulp is far below
+    # DESIGN.md's float32 floor (1e-5).
     # TRAINC_TRITON_PRECISE_DIV=1 turns it on. Always IEEE: floor-division, remainder, a
     # quotient that is floored/rounded/cast to an integer/compared, division by a constant.
     triton_precise_div: bool = False
@@ -93,7 +89,7 @@ class Config:
     triton_compile_workers: int = 16
     # backend="cpp": "auto" runs each float32/bfloat16 mm/addmm call site through oneDNN's
     # inner product instead of ATen's mm (MKL) where timing both at compile time says it is
-    # faster (codegen/cpp/gemm.py; AMD EPYC dev box: 1.2-2x); "aten": always ATen's.
+    # faster (codegen/cpp/gemm.py); "aten": always ATen's.
     # TRAINC_CPP_GEMM sets it.
     cpp_gemm: str = "auto"
     # backend="triton" on CUDA: a backward compiled again at a call whose tangents arrive in a
@@ -106,11 +102,12 @@ class Config:
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)
     check_mutations: bool = False
     # replay each compiled graph as a CUDA graph (codegen/cudagraphs.py); CUDA tensors only.
-    # None: on for compile_step on CUDA with the triton backend (its parameters, buffers and
-    # optimizer state stay put, so a replay copies in only the batch and the CPU scalars), off
-    # for trainc.compile (a replay would clone every saved activation out of the graph's pool).
-    # TRAINC_CUDAGRAPHS=0/1 overrides the default. The default capture is skipped for a step
-    # whose copied inputs outweigh its launches (codegen/cudagraphs.py worth_it).
+    # "auto": captured only where codegen/cudagraphs.py worth_it says a replay pays (a step whose
+    # copied inputs outweigh its launches is not). None (resolve()): "auto" for compile_step on
+    # CUDA with a backend whose target replays by default (triton: parameters, buffers and
+    # optimizer state stay put, so a replay copies in only the batch and the CPU scalars), else
+    # False (trainc.compile: a replay would clone every saved activation out of the graph's
+    # pool). TRAINC_CUDAGRAPHS=0/1 overrides the default.
     cudagraphs: Optional[Union[bool, str]] = None
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
@@ -120,19 +117,11 @@ class Config:
     # one chunk at a time in the backward. None: on when a memory budget below 1.0 is set.
     chunk_loss: Optional[bool] = None
     # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
-    # pooling around them follow. None: on for cpp (oneDNN is faster there); on triton, on for
-    # convolutions in bfloat16/float16 (cuDNN runs them in NHWC and, given NCHW, converts around
-    # each one: session 6, H200 convnet bf16, peak 991 MiB NCHW vs 735 channels-last). Not for
-    # every float32 one: cuDNN's NHWC algorithms give float32 batch-norm gradients up to 2.3x eager
-    # NCHW's error with TF32 off (eager channels-last: 2.5x), and with TF32 on a 3-channel first
-    # convolution's weight gradient 170x (TF32 on NHWC, exact float32 on NCHW); DESIGN.md's 2x
-    # rule against eager rejects both (session 14). Channels-last float32 on the H200 convnet:
-    # 7.95 vs 8.80 ms, peak 1032 vs 1544 MiB (BENCHMARKS.md session 14, calls 5-6).
-    # So on triton float32 convolutions go channels-last only where eager's own NCHW call runs
-    # TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py runs each once at compile
-    # time with TF32 disallowed and allowed; the default, also named "eager_tf32"; cpp: as
-    # True). H200 convnet float32, scale gpu: every convolution TF32 in eager, 7.92 ms (NCHW
-    # 8.88, Inductor 8.10), error 1.40x eager's; at scale cpu eager is exact and so is trainc.
+    # pooling around them follow. None (resolve()): the target's default: on for cpp (oneDNN
+    # is faster there); on triton "eager_tf32": bfloat16/float16 convolutions (cuDNN runs them in
+    # NHWC and converts NCHW around each one), and float32 ones only where eager's own NCHW call
+    # runs TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py), since cuDNN's NHWC
+    # float32 gradients can exceed DESIGN.md's 2x-eager error rule. Measurements: BENCHMARKS.md.
     conv_channels_last: Optional[Union[bool, str]] = None
 
 
@@ -167,9 +156,9 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
     if objective not in (None, "bytes", "balanced"):
         raise ValueError(f"trainc: partition_objective must be None, 'bytes' or 'balanced', "
                          f"got {objective!r}")
-    if options.get("cudagraphs") not in (None, True, False):
-        raise ValueError(f"trainc: cudagraphs must be None (the default), True or False, got "
-                         f"{options['cudagraphs']!r}")
+    if options.get("cudagraphs") not in (None, True, False, "auto"):
+        raise ValueError(f"trainc: cudagraphs must be None (the default), True, False or "
+                         f"'auto', got {options['cudagraphs']!r}")
     if options.get("conv_channels_last") not in (None, True, False, "eager_tf32"):
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")
@@ -193,3 +182,22 @@ def _check_budget(budget: Any) -> None:
         raise ValueError(f"trainc: a float memory_budget is a fraction in [0, 1], got {budget}")
     if isinstance(budget, int) and budget < 0:
         raise ValueError(f"trainc: an int memory_budget is a byte count >= 0, got {budget}")
+
+
+def resolve(config: Config, target: Any, device_type: str, step: bool = False,
+            convolutions: bool = False) -> Config:
+    """`config` with the defaults that depend on the backend, the device and the entry point
+    decided (None means "decided here"); `target`: the backend's capabilities
+    (codegen/target.py). `step`: compile_step's whole-step graph; `convolutions`: the graph
+    has convolutions or pooling. accumulate_grads None stays: it is decided per graph by the
+    gradients' bytes (trainc/accumulate.py)."""
+    values: dict[str, Any] = {}
+    if config.partition_objective is None:
+        values["partition_objective"] = \
+            "bytes" if step or convolutions else target.partition_objective
+    if config.cudagraphs is None:
+        on = step and device_type == "cuda" and target.cuda_graphs
+        values["cudagraphs"] = "auto" if on else False
+    if config.conv_channels_last is None:
+        values["conv_channels_last"] = target.channels_last
+    return dataclasses.replace(config, **values) if values else config

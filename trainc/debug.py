@@ -60,13 +60,26 @@ class Dumper:
             with open(os.path.join(self.dir, name), "w") as f:
                 f.write(text)
 
-    def kernel_plans(self, **graphs) -> None:
-        """42_kernels.txt: each compiled graph's kernel plans (codegen/cpp/plan.py,
-        codegen/triton/plan.py), under the graph's name; nothing when no graph has any."""
-        parts = [f"# {name}\n{g.extra['kernel_plans']}\n" for name, g in graphs.items()
-                 if g is not None and "kernel_plans" in g.extra]
-        if parts:
-            self.text("42_kernels.txt", "\n".join(parts))
+    def compiled(self, number: str, stem: str, gm: Optional[fx.GraphModule], compiled,
+                 what: str) -> None:
+        """A graph given to the backend and what it made: <number>_<stem>.py (the graph),
+        <number>_<stem>_wrapper.py, 43_<stem>_memory.txt; nothing for a graph that is None."""
+        if gm is None or compiled is None:
+            return
+        self.graph(f"{number}_{stem}.py", gm, what)
+        self.text(f"{number}_{stem}_wrapper.py", compiled.source)
+        self.memory(f"43_{stem}_memory.txt", compiled)
+
+    def codegen(self, **graphs) -> None:
+        """The generated-code stages of each compiled graph, under the graph's name:
+        40_lowered.txt (the lowered graph), 41_schedule.txt (its kernels and calls),
+        42_kernels.txt (kernel plans); a file only where some graph's backend made its stage."""
+        for file, key in (("40_lowered.txt", "lowered"), ("41_schedule.txt", "schedule"),
+                          ("42_kernels.txt", "kernel_plans")):
+            parts = [f"# {name}\n{g.extra[key]}\n" for name, g in graphs.items()
+                     if g is not None and key in g.extra]
+            if parts:
+                self.text(file, "\n".join(parts))
 
     def memory(self, name: str, compiled) -> None:
         """A compiled graph's memory plan (codegen/memory/), where its backend made one."""

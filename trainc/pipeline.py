@@ -13,9 +13,10 @@ import torch.fx as fx
 
 from trainc import artifact_cache, chunked_loss, debug, records
 from trainc.accumulate import accumulating_backward, plan_accumulation
-from trainc.codegen import compile_workers, compiles_natively_on_cuda, get_backend
+from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
+                            get_backend, target_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
-from trainc.config import Config
+from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
@@ -54,9 +55,8 @@ def _compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind
 @contextlib.contextmanager
 def no_cyclic_gc():
     """Python's cyclic garbage collector paused while a graph compiles (re-enabled after, when
-    it was on): its full collections scan every object of the process (torch's included)
-    and took 0.29 s of a CPU gpt or convnet first call (11-19%). Garbage made meanwhile is
-    collected afterwards."""
+    it was on): its full collections scan every object of the process (torch's included), a
+    tenth of a first call and more (BENCHMARKS.md). Garbage made meanwhile is collected after."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -71,45 +71,80 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     dump = debug.Dumper(config, gid)
     chunked = chunked_loss.rewrite(gm) if config.chunk_loss and training else 0
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
-    joint = dataclasses.replace(joint, chunked_losses=chunked)
-    dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
-    joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
-    backend = get_backend(config.backend, _device(args), config)
-    part = partition(joint, _objective(config, joint.gm, backend.name)) \
-        if joint.signature.training else None
-    post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
-    fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
+    joint = dataclasses.replace(joint, chunked_losses=chunked, gm=joint_passes(
+        joint.gm, dump, "00_joint.py", "joint graph after functionalization"))
+    device = _device(args)
+    config, backend = backend_for(config, device, convolutions=_convolutions(joint.gm))
+    part = partition(joint, config) if joint.signature.training else None
+    fwd_gm = post_grad(part.fwd if part else joint.gm, joint.signature, config)
     plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
-        if part and config.accumulate_grads is not False and backend.name == "cpp" else None
-    acc_gm = run_passes(accumulating_backward(part.bwd, plan), post) if plan else None
-    bwd_gm = run_passes(part.bwd, post) if part else None
-    stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,
-                                                                   InputKind.BUFFER)]
-    fwd = backend.compile(mark_static_inputs(fwd_gm, stays), _example_inputs(fwd_gm))
+        if part and config.accumulate_grads is not False and backend.target.accumulates_grads \
+        else None
+    acc_gm = post_grad(accumulating_backward(part.bwd, plan), None, config) if plan else None
+    bwd_gm = post_grad(part.bwd, None, config) if part else None
+    stays = [i.name for i in joint.signature.inputs if i.kind in _STAYS_PUT]
+    fwd = generate(backend, fwd_gm, stays)
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
         background=config.background_compile and  # where compiles are slow, the GPU busy
-        compiles_natively_on_cuda(backend.name, _device(args))) \
+        compiles_natively_on_cuda(config.backend, device)) \
         if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
-    _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
-    dump.kernel_plans(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
-    if bwd_acc is not None:
-        dump.graph("32_bwd_accumulate.py", acc_gm, "backward graph adding into .grad")
-        dump.text("32_bwd_accumulate_wrapper.py", bwd_acc.source)
-        dump.memory("43_bwd_accumulate_memory.txt", bwd_acc)
+    if part is not None:
+        dump.text("20_partition.txt", records.decision_table(part.decisions))
+    dump.compiled("30", "fwd", fwd_gm, fwd, "forward graph" if part else "inference graph")
+    dump.compiled("31", "bwd", bwd_gm, bwd, "backward graph")
+    dump.compiled("32", "bwd_accumulate", acc_gm, bwd_acc, "backward graph adding into .grad")
+    dump.codegen(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
     return art, record
+
+
+# -- stages shared by trainc.compile and compile_step (trainc/step.py) -----------------------
+_STAYS_PUT = (InputKind.PARAM, InputKind.BUFFER)
+
+
+def joint_passes(gm: fx.GraphModule, dump: debug.Dumper, file: str,
+                 what: str) -> fx.GraphModule:
+    """The traced graph dumped, then the joint passes (dce, cse, noops, constants, patterns)."""
+    dump.graph(file, gm, what)
+    return run_passes(gm, JOINT_PASSES, dump=dump)
+
+
+def backend_for(config: Config, device: torch.device, step: bool = False,
+                convolutions: bool = False) -> tuple[Config, Backend]:
+    """The config with its defaults decided for the backend's capabilities (config.resolve)
+    and the backend made with it."""
+    config = resolve(config, target_for(config.backend, device), device.type, step=step,
+                     convolutions=convolutions)
+    return config, get_backend(config.backend, device, config)
+
+
+def post_grad(gm: fx.GraphModule, signature, config: Config,
+              check: bool = True) -> fx.GraphModule:
+    """Post-grad passes (reinplacing, cleanups); with `signature`, the inputs it lets the graph
+    write first marked mutable. `check`: Config.check_mutations applies (compile_step's
+    in-place optimizer updates are not what passes/check_mutations proves)."""
+    if signature is not None:
+        gm = mark_mutable_inputs(gm, signature)
+    checks = [check_mutations] if check and config.check_mutations else []
+    return run_passes(gm, POST_GRAD_PASSES + checks)
+
+
+def generate(backend: Backend, gm: fx.GraphModule, stays: Sequence[str]) -> CompiledGraph:
+    """One graph through the backend; `stays`: its inputs that keep their memory between calls
+    (parameters, buffers, optimizer state: CUDA graphs capture them in place)."""
+    return backend.compile(mark_static_inputs(gm, stays), _example_inputs(gm))
 
 
 def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):
     if bwd_gm is None:
         return None
     _saved_layouts(fwd, bwd_gm, n_fwd_outputs)
-    return backend.compile(mark_static_inputs(bwd_gm, ()), _example_inputs(bwd_gm))
+    return generate(backend, bwd_gm, ())
 
 
 def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, strides: list):
@@ -130,27 +165,11 @@ def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, stri
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")
 
 
-def _objective(config: Config, gm: fx.GraphModule, backend: str) -> Config:
-    """Config with the partition objective resolved (Config.partition_objective: None means
-    "balanced" on cpp for graphs without convolutions or pooling, else "bytes")."""
-    if config.partition_objective is not None:
-        return config
-    conv = any(n.op == "call_function" and any(k in str(n.target) for k in _CONV_OR_POOL)
+def _convolutions(gm: fx.GraphModule) -> bool:
+    """Convolutions or pooling in the graph: the partition objective's default is "bytes" then
+    (config.resolve)."""
+    return any(n.op == "call_function" and any(k in str(n.target) for k in _CONV_OR_POOL)
                for n in gm.graph.nodes)
-    objective = "balanced" if backend == "cpp" and not conv else "bytes"
-    return dataclasses.replace(config, partition_objective=objective)
-
-
-def _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd) -> None:
-    if part is not None:
-        dump.text("20_partition.txt", records.decision_table(part.decisions))
-    dump.graph("30_fwd.py", fwd_gm, "forward graph" if part else "inference graph")
-    dump.text("30_fwd_wrapper.py", fwd.source)
-    dump.memory("43_fwd_memory.txt", fwd)
-    if bwd_gm is not None:
-        dump.graph("31_bwd.py", bwd_gm, "backward graph")
-        dump.text("31_bwd_wrapper.py", bwd.source)
-        dump.memory("43_bwd_memory.txt", bwd)
 
 
 def _saved_layouts(fwd, bwd_gm: fx.GraphModule, n_fwd_outputs: int) -> None:

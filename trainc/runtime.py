@@ -47,13 +47,12 @@ class Artifact:
 class ExpandedBackwards:
     """The backward graph compiled again per layout of its expanded tangents (a stride-0 dim of
     size > 1), so it reads them as they are instead of getting a dense copy: `.contiguous()` of
-    out.sum()'s gradient writes the whole output (1 GiB per step for normact float32 on the
-    H200) and, on CPU, page-faults it in.
+    out.sum()'s gradient writes the whole output and, on CPU, page-faults it in.
 
     With `background` (triton on CUDA, Config.background_compile) a new layout compiles in a
     thread: until it is ready, calls run the traced backward on a dense copy (eager's result
-    within DESIGN.md's tolerance, as always; not necessarily the same bits as the variant's).
-    H200 normact float32: this compile was ~1 s of a 3.4 s first call."""
+    within DESIGN.md's tolerance, as always; not necessarily the same bits as the variant's):
+    the compile is a large share of a first call (BENCHMARKS.md)."""
 
     def __init__(self, compile_with: Optional[Callable[[list], CompiledGraph]],
                  cache: Optional[tuple] = None, background: bool = False):

@@ -16,17 +16,14 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import artifact_cache, attention, debug, distributed, records, rng
-from trainc.codegen import (CompiledGraph, backend_name, compile_workers, get_backend,
-                            prestart_for)
-from trainc.codegen.cudagraphs import mark_static_inputs
-from trainc.config import Config, make_config
+from trainc.codegen import CompiledGraph, compile_workers, prestart_for, target_for
+from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph, trace_functional
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
                           run_pre_hooks)
 from trainc.partition.whole_step import recompute_in_step
-from trainc.pipeline import no_cyclic_gc
-from trainc.passes import JOINT_PASSES, POST_GRAD_PASSES, mark_mutable_inputs, run_passes
+from trainc.pipeline import backend_for, generate, joint_passes, no_cyclic_gc, post_grad
 
 
 @dataclass(frozen=True)
@@ -175,40 +172,32 @@ class CompiledStep:
                             self.config)
             return _Compiled(layout, cached[0], sig, accumulate, tangent)
         dump = debug.Dumper(self.config, gid)
-        dump.graph("00_step.py", gm, "whole training step after functionalization")
-        gm = run_passes(gm, JOINT_PASSES, dump=dump)
+        gm = joint_passes(gm, dump, "00_step.py", "whole training step after functionalization")
+        config, backend = backend_for(self.config, _device(flat), step=True)
         part = None
         if recompute:  # after CSE, which would merge the recomputed copies back
-            gm, part = recompute_in_step(gm, self.config)
+            gm, part = recompute_in_step(gm, config)
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
-        gm = run_passes(mark_mutable_inputs(gm, sig), POST_GRAD_PASSES)
-        backend = get_backend(self.config.backend, _device(flat), self._graph_config(flat))
-        mark_static_inputs(gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
-        compiled = backend.compile(gm, [n.meta.get("val") for n in gm.graph.nodes
-                                        if n.op == "placeholder"])
-        dump.graph("30_step.py", gm, "whole step graph given to the backend")
-        dump.text("30_step_wrapper.py", compiled.source)
-        dump.kernel_plans(step=compiled)
-        dump.memory("43_step_memory.txt", compiled)
+        gm = post_grad(gm, sig, config, check=False)
+        compiled = generate(backend, gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
+        dump.compiled("30", "step", gm, compiled, "whole step graph given to the backend")
+        dump.codegen(step=compiled)
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
                                        gm, None, compiled, None, backend.name,
                                        time.perf_counter() - t0)
         rec = dataclasses.replace(rec, mode="step")
-        stored = artifact_cache.store_graph(key, compiled, rec, self._graph_config(flat))
+        stored = artifact_cache.store_graph(key, compiled, rec, config)
         records.publish(dataclasses.replace(rec, cache=f"{status}; {stored}" if key else status),
                         self.config)
         return _Compiled(layout, compiled, sig, accumulate, tangent)
 
     def _graph_config(self, flat: list) -> Config:
-        """Config.cudagraphs None: replay the step as a CUDA graph on CUDA with the triton
-        backend. A whole step is the case CUDA graphs suit: everything but the batch and a few
-        CPU scalars stays put between calls, and launches are a large share of a step."""
-        if self.config.cudagraphs is not None:
-            return self.config
+        """The config with its defaults decided for this step's device and backend
+        (config.resolve: CUDA graphs "auto" on CUDA where the backend replays by default)."""
         device = _device(flat)
-        on = device.type == "cuda" and backend_name(self.config.backend, device) == "triton"
-        return dataclasses.replace(self.config, cudagraphs="auto" if on else False)
+        return resolve(self.config, target_for(self.config.backend, device), device.type,
+                       step=True)
 
     def _used_params(self, batch) -> list[int]:
         """Indices of parameters that receive a gradient (eager skips the others entirely)."""

@@ -3,63 +3,62 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from typing import Callable, Optional, Sequence
 
+import torch
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
 from trainc.codegen.cpp import gemm
 from trainc.codegen.cpp.build import PendingBuild, start_build
-from trainc.codegen.cpp.plan import CPU, MIN_INNER, SCRATCH_BYTES, plan_kernel
+from trainc.codegen.cpp.plan import CPU, MIN_INNER, SCRATCH_BYTES, KernelPlan, plan_kernel
 from trainc.codegen.cpp.printer import print_kernel
-from trainc.codegen.graph import CallNode, lower
+from trainc.codegen.driver import Built, generate, no_foreign
+from trainc.codegen.graph import LoweredGraph, lower
 from trainc.codegen.lowerings import LOWERINGS
-from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.memory.inplace import plan_storage
-from trainc.codegen.wrapper import write_wrapper
+from trainc.codegen.scheduler import Kernel, Schedule
 from trainc.config import Config, make_config
 
 _PRELUDE = open(os.path.join(os.path.dirname(__file__), "prelude.h")).read()
 
 
 class CppBackend:
+    """codegen/driver.py's stages for C++: kernels planned (codegen/cpp/plan.py) and printed into
+    one library, built by g++ in the background; the wrapper calls them through ctypes."""
     name = "cpp"
     target = CPU  # what the kernel plans are made for (codegen/cpp/plan.py)
+    schedule_options = {"scratch_bytes": SCRATCH_BYTES, "min_inner": MIN_INNER}
 
     def __init__(self, config: Optional[Config] = None):
         self.config = config or make_config()
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
-        t0 = time.perf_counter()
-        channels_last = self.config.conv_channels_last is not False
-        sched = schedule(lower(gm, LOWERINGS, is_extern, channels_last),
-                         scratch_bytes=SCRATCH_BYTES,
-                         min_inner=MIN_INNER)
-        plan_storage(sched)  # in-place results into the buffers they overwrite
-        kernels = [k for k in sched.items if isinstance(k, Kernel)]
-        plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
-        sources, params = [], {}
-        for k, plan in zip(kernels, plans):
-            src = print_kernel(k, plan, sched.graph)
-            sources.append(src.code)
-            params[k.name] = list(src.params)
-        cpp = _PRELUDE + "\n\n" + "\n\n".join(sources) + "\n"
+        return generate(self, gm, example_inputs, debug=bool(self.config.debug_dir))
+
+    def device(self, gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
+        return torch.device("cpu")
+
+    def lower(self, gm: fx.GraphModule) -> LoweredGraph:
+        return lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is not False)
+
+    foreign = staticmethod(no_foreign)
+
+    def plan_kernel(self, kernel: Kernel, g: LoweredGraph) -> KernelPlan:
+        return plan_kernel(kernel, g, self.target)
+
+    print_kernel = staticmethod(print_kernel)
+
+    def build(self, kernels: list, sources: list, sched: Schedule, device) -> Built:
+        params = {k.name: list(src.params) for k, src in zip(kernels, sources)}
+        cpp = _PRELUDE + "\n\n" + "\n\n".join(src.code for src in sources) + "\n"
         funcs, path, hit = _load_kernels(cpp, params, self.config)
-        keep = self.config.cpp_keep_buffers and self.config.memory_budget is None
-        wrapper = write_wrapper(sched, params, keep=keep,
-                                gemm=gemm.chooser(sched.graph, self.config.cpp_gemm))
-        fallbacks = sorted({str(c.target) for c in sched.items
-                            if isinstance(c, CallNode) and c.kind == "fallback"})
-        source = (wrapper.source + f"\n\n# C++ kernels ({path or 'none'}):\nCPP_SOURCE = r'''\n"
-                  + cpp + "'''\n")
-        return CompiledGraph(wrapper.build(funcs), tuple(k.info for k in kernels),
-                             tuple(fallbacks), source,
-                             {"cpp": cpp, "library": path, "cache_hit": hit,
-                              "seconds": time.perf_counter() - t0, **wrapper.stats,
-                              "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
-                              # plain data rebuild() turns back into `run` (artifact cache)
-                              "recipe": ("cpp", (wrapper, params, cpp))})
+        listing = f"\n\n# C++ kernels ({path or 'none'}):\nCPP_SOURCE = r'''\n" + cpp + "'''\n"
+        return Built(funcs, params, listing, {"cpp": cpp, "library": path, "cache_hit": hit},
+                     recipe=lambda wrapper: (wrapper, params, cpp))
+
+    def wrapper_options(self, sched: Schedule, foreign, device) -> dict:
+        return {"keep": self.config.cpp_keep_buffers and self.config.memory_budget is None,
+                "gemm": gemm.chooser(sched.graph, self.config.cpp_gemm)}
 
 
 class _Kernels:

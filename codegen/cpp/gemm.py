@@ -1,10 +1,9 @@
 """Matrix products of the C++ backend's wrappers through oneDNN where that is faster than ATen's
 mm/addmm (MKL in torch's CPU builds), decided per call site at compile time by timing both.
 
-Why: on the 2-core AMD EPYC dev box (AVX-512) MKL reached 85-92 GFLOP/s per core at gpt's
-shapes and oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the ATen op Inductor
-uses for frozen linears) 1.2-2x that (BENCHMARKS.md, session 17); on other CPUs MKL may win,
-hence the measurement. oneDNN sums in another order: results differ from MKL's by float32
+Why: oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, the ATen op Inductor uses
+for frozen linears) beat MKL at gpt's shapes on the AVX-512 dev box (BENCHMARKS.md); on other
+CPUs MKL may win, hence the measurement. oneDNN sums in another order: results differ from MKL's by float32
 rounding (DESIGN.md's policy judges them against float64, as any other kernel's).
 
 oneDNN returns a new tensor (no out= form), so a call site it wins is emitted as an extern with

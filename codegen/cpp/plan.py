@@ -43,6 +43,17 @@ class CppTarget:
     unroll_lanes: int = UNROLL_LANES
     tiny_inner: int = TINY_INNER
     max_threads: int = SPLIT_MAX_THREADS
+    # capabilities (codegen/target.py Target); oneDNN runs convolutions fastest channels-last
+    tiles: bool = True
+    channels_last: bool = True
+    accumulates_grads: bool = True
+    cuda_graphs: bool = False
+    partition_objective: str = "balanced"  # Config.partition_objective: recompute costs on CPUs
+    compile_workers: bool = False
+
+    @property
+    def vector_lanes(self) -> tuple[int, ...]:
+        return self.lane_widths
 
     def __str__(self) -> str:
         return (f"cpp target: lanes {'/'.join(map(str, self.lane_widths))}, parallel from "

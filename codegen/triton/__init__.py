@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Optional, Sequence
 
 import torch
 import torch.fx as fx
 
 from trainc.codegen import CompiledGraph, is_extern
+from trainc.codegen.driver import Built, generate
 from trainc.codegen.split_reductions import split_reductions
-from trainc.codegen.graph import CallNode, lower
+from trainc.codegen.graph import LoweredGraph, lower
 from trainc.codegen.lowerings import LOWERINGS
-from trainc.codegen.scheduler import Kernel, schedule
-from trainc.codegen.memory.inplace import plan_storage
+from trainc.codegen.scheduler import Kernel, Schedule
 from trainc.codegen.triton.launch import (Launcher, begin_call, end_call, load_module,
                                           precompile)
-from trainc.codegen.triton.plan import TritonTarget, plan_kernel
+from trainc.codegen.triton.plan import KernelPlan, TritonTarget, plan_kernel
 from trainc.codegen.triton.prelude import PRELUDE
-from trainc.codegen.triton.printer import print_kernel
-from trainc.codegen.wrapper import write_wrapper
+from trainc.codegen.triton.printer import KernelSource, print_kernel
 from trainc.config import Config, make_config
 
 
@@ -48,56 +46,64 @@ def eager_tf32_conv(node: fx.Node) -> bool:
 
 
 class TritonBackend:
+    """codegen/driver.py's stages for Triton: one generated module, each kernel a launcher the
+    wrapper calls with tensors; on CUDA the kernels start compiling in worker processes."""
     name = "triton"
 
     def __init__(self, config: Optional[Config] = None):
         self.config = config or make_config()
-        # what the kernel plans are made for (codegen/triton/plan.py)
+        # what it can do (codegen/target.py) and what its kernel plans are made for
         self.target = TritonTarget(precise_div=self.config.triton_precise_div)
+        self.schedule_options = {"register_row": self.target.persistent_limit}
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
-        t0 = time.perf_counter()
+        return generate(self, gm, example_inputs, debug=bool(self.config.debug_dir))
+
+    def device(self, gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
         device = graph_device(gm, example_inputs)
-        interpret = interpreting()
-        if device.type != "cuda" and not interpret:
+        if device.type != "cuda" and not interpreting():
             raise RuntimeError("trainc: backend='triton' runs CUDA tensors (or CPU tensors under "
                                "TRITON_INTERPRET=1); use backend='cpp' or 'aten' on CPU")
+        return device
+
+    def lower(self, gm: fx.GraphModule) -> LoweredGraph:
         channels_last = self.config.conv_channels_last
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
-        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
-        sched = schedule(split_reductions(lowered), register_row=self.target.persistent_limit)
-        # In-place results into the buffers they overwrite; never into an input the launcher
-        # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
-        foreign = _foreign(sched, example_inputs, device)
-        plan_storage(sched, foreign)
-        kernels = [k for k in sched.items if isinstance(k, Kernel)]
-        plans = [plan_kernel(k, sched.graph, self.target) for k in kernels]
-        sources = [print_kernel(k, plan, sched.graph) for k, plan in zip(kernels, plans)]
+        return split_reductions(lower(gm, LOWERINGS, is_extern, channels_last,
+                                      store_scalars=True))
+
+    def foreign(self, sched: Schedule, example_inputs: Sequence,
+                device: torch.device) -> frozenset:
+        """Inputs no result may take in place: those the launcher only sees as a device copy
+        (a CPU scalar such as Adam's step count on CUDA)."""
+        return _foreign(sched, example_inputs, device)
+
+    def plan_kernel(self, kernel: Kernel, g: LoweredGraph) -> KernelPlan:
+        return plan_kernel(kernel, g, self.target)
+
+    def print_kernel(self, kernel: Kernel, plan: KernelPlan, g: LoweredGraph) -> KernelSource:
+        return print_kernel(kernel, plan, g)
+
+    def build(self, kernels: list, sources: list, sched: Schedule, device: torch.device) -> Built:
         module_src = PRELUDE + _module_body(sources)
         launch = tuple((s, k.info, tuple(sched.graph.buffers[b].dtype for b in s.params))
                        for s, k in zip(sources, kernels))
         funcs, path, pending = _launchers(module_src, launch, device, self.config)
+        listing = (f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "
+                   f"r'''\n{module_src}'''\n")
+        return Built(funcs, {s.name: list(s.params) for s in sources}, listing,
+                     {"triton": module_src, "module": path, "device": str(device),
+                      "precompiled": pending.submitted if pending else 0},
+                     recipe=lambda wrapper: (wrapper, module_src, launch, device),
+                     finish=lambda run: _FirstRun(run, pending)
+                     if pending and pending.submitted else run)
+
+    def wrapper_options(self, sched: Schedule, foreign: frozenset, device: torch.device) -> dict:
         host = [b for b in sched.graph.inputs if b in foreign and device.type == "cuda"
                 and math.prod(sched.graph.buffers[b].shape) == 1]
-        keep = self.config.triton_keep_buffers and self.config.memory_budget is None
-        wrapper = write_wrapper(sched, {s.name: list(s.params) for s in sources}, tensors=True,
-                                device=device, host_scalars=host, keep=keep)
-        fallbacks = sorted({str(c.target) for c in sched.items
-                            if isinstance(c, CallNode) and c.kind == "fallback"})
-        source = (wrapper.source + f"\n\n# Triton kernels ({path or 'none'}):\nTRITON_SOURCE = "
-                  f"r'''\n{module_src}'''\n")
-        run = wrapper.build(funcs)
-        return CompiledGraph(_FirstRun(run, pending) if pending and pending.submitted else run,
-                             tuple(k.info for k in kernels),
-                             tuple(fallbacks), source,
-                             {"triton": module_src, "module": path, "device": str(device),
-                              "seconds": time.perf_counter() - t0,
-                              "precompiled": pending.submitted if pending else 0,
-                              **wrapper.stats,
-                              "kernel_plans": "\n\n".join([str(self.target), *map(str, plans)]),
-                              # plain data rebuild() turns back into `run` (artifact cache)
-                              "recipe": ("triton", (wrapper, module_src, launch, device))})
+        return {"tensors": True, "device": device, "host_scalars": host,
+                "keep": self.config.triton_keep_buffers and self.config.memory_budget is None}
 
 
 def _launchers(module_src: str, launch: tuple, device: torch.device, config: Config) -> tuple:

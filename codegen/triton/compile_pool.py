@@ -1,7 +1,6 @@
 """Fill Triton's on-disk cache in worker processes before a graph's first launch. The front end
 of Triton's compiler is Python and holds the GIL, so threads compile little faster than one
-(H200 host, gpt bf16 step, 218 compiles: 36 s in 8 threads, 24 s in 16 processes); the
-in-process compiles that follow find every kernel on disk.
+(BENCHMARKS.md); the in-process compiles that follow find every kernel on disk.
 
 Workers run the script compile_worker.py, not multiprocessing (a spawned multiprocessing worker
 imports the user's main script again) and not this package (its imports cost seconds).
@@ -183,8 +182,7 @@ def _prepare_lead() -> None:
     building its CUDA driver (its first use compiles and loads Triton's C utilities: gcc, with
     a cold cache; the workers do not need them) and the hash of Triton's own files that leads
     every cache key (`triton_key`: ~0.3 s, reading and hashing libtriton). Both mostly wait on
-    gcc, the disk or hashlib, which release the GIL, so they run beside the trace. H200
-    normact's first graph spent 0.53 s in the lead after its workers' compiles had ended."""
+    gcc, the disk or hashlib, which release the GIL, so they run beside the trace."""
     global _lead_prep
     with _lock:
         if _lead_prep is not None:

@@ -1,8 +1,7 @@
 """Triton compile workers, started by compile_pool.py as a script: it imports Triton only.
 
-Started as `-m trainc.codegen.triton.compile_pool` a worker imported the trainc package (~4 s
-on the H200 host), and importing torch took another ~4.5 s (5.3 s with sixteen at once): the
-workers were ready seconds after the lead had its kernels generated. Triton compiles without
+Importing the trainc package and torch in a worker took seconds (BENCHMARKS.md): workers were
+ready after the lead had its kernels generated. Triton compiles without
 torch when it is told the GPU target: the lead sends its target first ({"target": [backend,
 arch, warp_size]}), and each worker then compiles with a driver that answers from it
 (`TargetDriver`: no torch, no CUDA context) and with stand-ins for torch's dtypes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import sympy
 import torch
@@ -45,6 +45,15 @@ class TritonTarget:
     max_chunks: int = MAX_CHUNKS
     transpose_min: int = MIN_ELEMENTS
     precise_div: bool = False
+    # capabilities (codegen/target.py Target)
+    vector_lanes: tuple[int, ...] = ()  # blocks of a program, not SIMD lanes
+    tiles: bool = True  # transposing pointwise kernels as 2-D tiles (triton/transpose.py)
+    # channels-last where cuDNN would run NHWC anyway (Config.conv_channels_last)
+    channels_last: Union[bool, str] = "eager_tf32"
+    accumulates_grads: bool = False
+    cuda_graphs: bool = True
+    partition_objective: str = "bytes"  # recompute is cheap on GPUs
+    compile_workers: bool = True
 
     def __str__(self) -> str:
         div = "IEEE float32 division" if self.precise_div else "float32 division by `/`"

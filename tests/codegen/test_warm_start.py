@@ -26,8 +26,7 @@ def count(name, fn):
         return fn(*a, **k)
     return wrapped
 pipeline.trace_joint = count("trace", pipeline.trace_joint)
-pipeline.run_passes = count("passes", pipeline.run_passes)
-step_mod.run_passes = count("passes", step_mod.run_passes)
+pipeline.run_passes = count("passes", pipeline.run_passes)  # compile_step's stages too
 pipeline.partition = count("partition", pipeline.partition)
 step_mod.recompute_in_step = count("partition", step_mod.recompute_in_step)
 CppBackend.compile = count("codegen", CppBackend.compile)

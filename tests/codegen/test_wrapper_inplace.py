@@ -143,7 +143,7 @@ def test_plan_never_writes_a_foreign_device_input(monkeypatch):
     `count += 1` into it would be lost (H200: AdamW wrong from step 2, when the step counts
     were bumped in the graph). The plan takes such inputs as targets unless named `foreign`
     (here BatchNorm's num_batches_tracked, a 0-d buffer bumped by the step)."""
-    import trainc.codegen.cpp as cpp
+    import trainc.codegen.driver as driver  # plans storage for every code-generating backend
     seen = []
 
     def spy(sched, foreign=frozenset()):
@@ -152,7 +152,7 @@ def test_plan_never_writes_a_foreign_device_input(monkeypatch):
         seen.append((set(plan_storage(sched).values()) & scalars,
                      set(plan_storage(sched, scalars).values()) & scalars))
         return plan_storage(sched, foreign)
-    monkeypatch.setattr(cpp, "plan_storage", spy)
+    monkeypatch.setattr(driver, "plan_storage", spy)
 
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
     opt = torch.optim.SGD(m.parameters(), lr=1e-2)

@@ -205,14 +205,14 @@ def test_host_scalars_are_uploaded_once(monkeypatch):
     """On CUDA, one-element CPU inputs (Adam's step, hyperparameters, the RNG seed) go to the
     device in one stacked copy per dtype at the top of the wrapper. Forced here on the CPU
     path: the same wrapper code, the same results."""
-    import trainc.codegen.triton as T
-    real = T.write_wrapper
+    import trainc.codegen.driver as D  # writes every code-generating backend's wrapper
+    real = D.write_wrapper
 
     def forced(sched, params, **kw):
         g = sched.graph
         kw["host_scalars"] = [b for b in g.inputs if g.buffers[b].shape in ((), (1,))]
         return real(sched, params, **kw)
-    monkeypatch.setattr(T, "write_wrapper", forced)
+    monkeypatch.setattr(D, "write_wrapper", forced)
 
     def f(x, lr, step, beta):
         return x - lr * x / (1 - beta ** (step + 1)), (step + 1) * 2
