@@ -130,6 +130,12 @@ class Config:
     # True). H200 convnet float32, scale gpu: every convolution TF32 in eager, 7.92 ms (NCHW
     # 8.88, Inductor 8.10), error 1.40x eager's; at scale cpu eager is exact and so is trainc.
     conv_channels_last: Optional[Union[bool, str]] = None
+    # trainc.testing.bisect's switches. Passes not run, as "joint:<pass>" or "post_grad:<pass>"
+    # (every occurrence of that function in passes.JOINT_PASSES / POST_GRAD_PASSES), and graph
+    # nodes (by name, in whichever compiled graph holds them) run as ATen calls instead of
+    # generated code: one kernel's nodes at a time, to find a wrong kernel.
+    skip_passes: tuple[str, ...] = ()
+    aten_nodes: tuple[str, ...] = ()
 
 
 def _env_defaults() -> dict[str, Any]:

@@ -19,8 +19,8 @@ from trainc.config import Config
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
-from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, mark_mutable_inputs,
-                           run_passes)
+from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
+                           mark_mutable_inputs, run_passes)
 from trainc.runtime import Artifact, ExpandedBackwards
 
 
@@ -71,11 +71,13 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     dump = debug.Dumper(config, gid)
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
-    joint = dataclasses.replace(joint, gm=run_passes(joint.gm, JOINT_PASSES, dump=dump))
+    joint = dataclasses.replace(joint, gm=run_passes(
+        joint.gm, enabled(JOINT_PASSES, "joint", config.skip_passes), dump=dump))
     backend = get_backend(config.backend, _device(args), config)
     part = partition(joint, _objective(config, joint.gm, backend.name)) \
         if joint.signature.training else None
-    post = POST_GRAD_PASSES + ([check_mutations] if config.check_mutations else [])
+    post = enabled(POST_GRAD_PASSES, "post_grad", config.skip_passes) + \
+        ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
     plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
         if part and config.accumulate_grads is not False and backend.name == "cpp" else None

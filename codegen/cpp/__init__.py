@@ -33,7 +33,8 @@ class CppBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence) -> CompiledGraph:
         t0 = time.perf_counter()
         channels_last = self.config.conv_channels_last is not False
-        sched = schedule(lower(gm, LOWERINGS, is_extern, channels_last),
+        sched = schedule(lower(gm, LOWERINGS, is_extern, channels_last,
+                               aten_nodes=self.config.aten_nodes),
                          scratch_bytes=SCRATCH_BYTES,
                          min_inner=MIN_INNER)
         plan_storage(sched)  # in-place results into the buffers they overwrite

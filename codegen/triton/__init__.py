@@ -61,7 +61,8 @@ class TritonBackend:
         channels_last = self.config.conv_channels_last
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
-        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True)
+        lowered = lower(gm, LOWERINGS, is_extern, channels_last, store_scalars=True,
+                        aten_nodes=self.config.aten_nodes)
         sched = schedule(split_reductions(lowered), register_row=PERSISTENT_LIMIT)
         # In-place results into the buffers they overwrite; never into an input the launcher
         # only sees as a device copy (a CPU scalar such as Adam's step count on CUDA).
