@@ -71,11 +71,14 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     dump = debug.Dumper(config, gid)
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     dump.graph("00_joint.py", joint.gm, "joint graph after functionalization")
+    dump.lap("trace")
     joint = dataclasses.replace(joint, gm=run_passes(
         joint.gm, enabled(JOINT_PASSES, "joint", config.skip_passes), dump=dump))
+    dump.lap("joint passes")
     backend = get_backend(config.backend, _device(args), config)
     part = partition(joint, _objective(config, joint.gm, backend.name)) \
         if joint.signature.training else None
+    dump.lap("partition")
     post = enabled(POST_GRAD_PASSES, "post_grad", config.skip_passes) + \
         ([check_mutations] if config.check_mutations else [])
     fwd_gm = run_passes(mark_mutable_inputs(part.fwd if part else joint.gm, joint.signature), post)
@@ -83,11 +86,14 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
         if part and config.accumulate_grads is not False and backend.name == "cpp" else None
     acc_gm = run_passes(accumulating_backward(part.bwd, plan), post) if plan else None
     bwd_gm = run_passes(part.bwd, post) if part else None
+    dump.lap("post-grad passes")
     stays = [i.name for i in joint.signature.inputs if i.kind in (InputKind.PARAM,
                                                                    InputKind.BUFFER)]
     fwd = backend.compile(mark_static_inputs(fwd_gm, stays), _example_inputs(fwd_gm))
+    dump.lap("codegen forward")
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
+    dump.lap("codegen backward")
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
         background=config.background_compile and  # where compiles are slow, the GPU busy
@@ -98,10 +104,13 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
                                      time.perf_counter() - t0)
     _dump_outputs(dump, part, fwd_gm, bwd_gm, fwd, bwd)
     dump.kernel_plans(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
+    dump.kernels(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
     if bwd_acc is not None:
         dump.graph("32_bwd_accumulate.py", acc_gm, "backward graph adding into .grad")
         dump.text("32_bwd_accumulate_wrapper.py", bwd_acc.source)
         dump.memory("43_bwd_accumulate_memory.txt", bwd_acc)
+    dump.lap("records and dumps")
+    dump.finish()
     return art, record
 
 
