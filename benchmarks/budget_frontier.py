@@ -4,7 +4,7 @@ step, the same peak counter (trainc.report.peak_bytes: allocator peak above the 
 arenas trainc graphs hold) and median step times, in one process.
 
 Usage: python benchmarks/budget_frontier.py [--scale gpu] [--dtype bfloat16] [--out DIR] names...
-Names are shared-suite models (../shared/bench). Writes frontier.json / frontier.csv to --out.
+Names are shared-suite models (benchmarks/suite_models). Writes frontier.json / frontier.csv to --out.
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ from trainc import partition as _partition
 from trainc.report import peak_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
-sys.path.insert(0, os.path.join(HERE, "..", "shared", "bench"))
+sys.path.insert(0, os.path.join(HERE, "suite_models"))
 
 TRAINC_BUDGETS = "none,0.5,0.2,0.0"
 TORCH_BUDGETS = "1.0,0.5,0.2,0.0"

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-SUITE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "models.py")
+SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite_models", "models.py")
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 
 
@@ -72,7 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep.add_argument("--out", default="trainc_report")
     rep.add_argument("--steps", type=int, default=5)
     rep.add_argument("--backend", default="auto")
-    rep.add_argument("--suite", default=SUITE, help="path of the shared models.py")
+    rep.add_argument("--suite", default=SUITE, help="path of the suite models.py")
     args = ap.parse_args(argv)
     if args.cmd == "debug":
         from trainc.debug_index import index
