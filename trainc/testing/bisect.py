@@ -75,9 +75,13 @@ def bisect(fn_or_module: Callable, inputs: Inputs, *, repro_path: Optional[str] 
     options = {**compile_options, "cache_artifacts": False}
     subject, subject_inputs, graph_note = _failing_graph(fn_or_module, make, options, seed)
     first = _check(subject, subject_inputs, options, seed)
+    if first is None and subject is not fn_or_module:  # fails only as a whole
+        subject, subject_inputs = fn_or_module, make
+        graph_note = "  the captured graph passes alone: bisecting the whole case"
+        first = _check(subject, subject_inputs, options, seed)
     if first is None:
-        result = BisectResult(None, (), note=graph_note or
-                              "  the case passes the policy as compiled: nothing to bisect")
+        result = BisectResult(None, (), note="  the case passes the policy as compiled: "
+                                             "nothing to bisect")
         return _done(result, verbose)
     steps: list[Step] = []
     stages = pipeline_stages(options, _device(subject_inputs()))
