@@ -4,7 +4,7 @@ step, the same peak counter (trainc.report.peak_bytes: allocator peak above the 
 arenas trainc graphs hold) and median step times, in one process.
 
 Usage: python benchmarks/budget_frontier.py [--scale gpu] [--dtype bfloat16] [--with-loss] [--out DIR] names...
-Names are shared-suite models (../shared/bench), or `zoo:NAME` for a zoo model at its real scale
+Names are shared-suite models (benchmarks/suite_models), or `zoo:NAME` for a zoo model at its real scale
 (its own loss is inside the compiled graph). `--with-loss` compiles a shared model together with
 its loss, so both compilers see the LM head and the loss in one graph.
 Writes frontier.json / frontier.csv to --out.
@@ -28,8 +28,7 @@ from trainc import partition as _partition
 from trainc.report import peak_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
-sys.path.insert(0, os.path.join(HERE, "..", "shared", "bench"))
+sys.path.insert(0, os.path.join(HERE, "suite_models"))
 
 TRAINC_BUDGETS = "none,0.5,0.2,0.0"
 TORCH_BUDGETS = "1.0,0.5,0.2,0.0"

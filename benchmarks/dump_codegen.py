@@ -24,7 +24,7 @@ import trainc  # noqa: E402
 from trainc import decomps  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "shared", "bench"))
+sys.path.insert(0, os.path.join(HERE, "suite_models"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import models  # noqa: E402
 from shared_programs import scatters  # noqa: E402

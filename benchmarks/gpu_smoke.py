@@ -17,8 +17,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-for bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
-              os.path.join(HERE, "..", "shared", "bench")):
+for bench in (os.path.join(HERE, "suite_models"),):
     if os.path.isdir(bench):
         sys.path.insert(0, bench)
 

@@ -14,8 +14,7 @@ import collections, json, os, statistics, sys, time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for _bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
-               os.path.join(HERE, "..", "shared", "bench")):
+for _bench in (os.path.join(HERE, "suite_models"),):
     if os.path.isdir(_bench):
         sys.path.insert(0, os.path.abspath(_bench))
 import models  # noqa: E402

@@ -16,8 +16,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for bench in (os.path.join(HERE, "..", "..", "shared", "bench"),
-              os.path.join(HERE, "..", "shared", "bench")):
+for bench in (os.path.join(HERE, "suite_models"),):
     if os.path.isdir(bench):
         sys.path.insert(0, bench)
 

@@ -3,7 +3,7 @@
     python benchmarks/warm_start.py [--backend cpp] [--reps 2] [names...]
     WARM_DEVICE=cuda python benchmarks/warm_start.py --backend triton gpt   (on a GPU)
 
-Models: "tiny_mlp" (Linear-GELU-Linear, 64 wide) and the shared suite's (../shared/bench:
+Models: "tiny_mlp" (Linear-GELU-Linear, 64 wide) and the shared suite's (benchmarks/suite_models:
 mlp, gpt, convnet, ...). Per model, one process each for: the eager first step and its median
 step; Dynamo's own first call (torch.compile with a backend that runs the captured graph as is:
 capture + eager run); trainc's first call with an empty cache directory (cold) and then with
@@ -24,9 +24,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(HERE, "..", "..", "shared", "bench")
-if not os.path.isdir(BENCH):
-    BENCH = os.path.join(HERE, "..", "shared", "bench")
+BENCH = os.path.join(HERE, "suite_models")
 
 
 DEVICE = os.environ.get("WARM_DEVICE", "cpu")  # cuda: the shared suite at its gpu scale, bf16

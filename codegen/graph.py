@@ -137,8 +137,9 @@ class GraphLowering:
 
     def __init__(self, gm: fx.GraphModule,
                  channels_last: Union[bool, Callable[[fx.Node], bool]] = False,
-                 store_scalars: bool = False):
+                 store_scalars: bool = False, aten_nodes: frozenset[str] = frozenset()):
         self.gm, self.g = gm, LoweredGraph()
+        self.aten_nodes = aten_nodes  # computed by ATen calls, not lowered (Config.aten_nodes)
         self.conv_rule = channels_last if callable(channels_last) else (
             lambda node, on=bool(channels_last): on)
         self.channels_last = any(self.conv_rule(n) for n in gm.graph.nodes
@@ -457,12 +458,17 @@ class GraphLowering:
             if target is aten.convolution_backward.default and _split_backward(args):
                 return self._conv_backward_in_two(args, kwargs, node.meta.get("val"))
             return self.call("extern", target, args, kwargs, node.meta.get("val"))
-        fn = lowerings.get(target)
+        fn = lowerings.get(target) if not self._forced_aten(node) else None
         if fn is not None:
             out = fn(self, node, *args, **kwargs)
             if out is not NotImplemented:
                 return _map(_rounded, out)
         return self.call("fallback", target, args, kwargs, node.meta.get("val"))
+
+    def _forced_aten(self, node: fx.Node) -> bool:
+        """Config.aten_nodes names this node (views stay views: their results alias)."""
+        return node.name in self.aten_nodes and not (
+            isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)
 
     def _env(self, a):
         return self.env[a] if isinstance(a, fx.Node) else a
@@ -696,5 +702,6 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,
           channels_last: Union[bool, Callable[[fx.Node], bool]] = False,
-          store_scalars: bool = False) -> LoweredGraph:
-    return GraphLowering(gm, channels_last, store_scalars).run(lowerings, is_extern)
+          store_scalars: bool = False, aten_nodes=frozenset()) -> LoweredGraph:
+    return GraphLowering(gm, channels_last, store_scalars, frozenset(aten_nodes)).run(
+        lowerings, is_extern)

@@ -73,6 +73,11 @@ def run_passes(gm: fx.GraphModule, passes: Sequence[Pass], *, dump: Optional[Cal
     return gm
 
 
+def enabled(passes: Sequence[Pass], stage: str, skip: Sequence[str]) -> list[Pass]:
+    """`passes` without those named "<stage>:<pass name>" in `skip` (Config.skip_passes)."""
+    return [p for p in passes if f"{stage}:{p.__name__}" not in skip]
+
+
 def mark_mutable_inputs(gm: fx.GraphModule, signature: GraphSignature) -> fx.GraphModule:
     """Tell reinplace_ops / check_mutations which forward inputs the program mutates: input i
     of `signature.mutated_inputs[k]` gets its new value in output slot k."""
@@ -81,5 +86,5 @@ def mark_mutable_inputs(gm: fx.GraphModule, signature: GraphSignature) -> fx.Gra
     return gm
 
 
-__all__ = ["JOINT_PASSES", "POST_GRAD_PASSES", "run_passes", "mark_mutable_inputs", "PassStats",
+__all__ = ["JOINT_PASSES", "POST_GRAD_PASSES", "run_passes", "enabled", "mark_mutable_inputs", "PassStats",
            "check_mutations", "MutationError", "register_rewrite", "Rewrite", "RULES"]

@@ -1,4 +1,5 @@
-"""What the recipes share: the eager/trainc step, the timed training loop, the comparison table."""
+"""What the recipes share: the eager/trainc step, the timed training loops (one run, or several
+interleaved step by step), the comparison tables."""
 from __future__ import annotations
 
 import argparse
@@ -91,3 +92,43 @@ def compare(eager: Run, compiled: Run, items_per_step: int, unit: str) -> None:
           f"{compiled.peak_mib:.1f} MiB ({compiled.peak_mib / max(eager.peak_mib, 1e-9):.2f}x)")
     print(f"loss fell from {el[0]:.3f} to {el[-1]:.3f} (eager), {tl[0]:.3f} to {tl[-1]:.3f} "
           "(trainc)\n")
+
+
+def train_together(steps: dict[str, Callable], batches: Iterable, device: str,
+                   after_step=None, every: int = 10) -> dict[str, Run]:
+    """Step every run on the same batch in turn (so a busy machine slows them alike); then
+    measure each one's peak memory on one more step. `after_step(label)` runs after each."""
+    losses = {k: [] for k in steps}
+    times = {k: [] for k in steps}
+    with trainc.records.recording() as recs:
+        for i, batch in enumerate(batches):
+            for label, step in steps.items():
+                t0 = time.perf_counter()
+                loss = step(*batch)
+                if after_step is not None:
+                    after_step(label)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times[label].append(time.perf_counter() - t0)
+                losses[label].append(loss.item())
+            if (i + 1) % every == 0:
+                print(f"  step {i + 1}: loss " + ", ".join(
+                    f"{k} {v[-1]:.3f}" for k, v in losses.items()), flush=True)
+    return {k: Run(losses[k], times[k], peak_mib(lambda: steps[k](*batch), device), tuple(recs))
+            for k in steps}
+
+
+def compare_all(runs: dict[str, Run], items_per_step: int, unit: str) -> None:
+    """One row per run: median step after warm-up, throughput, peak memory, first step."""
+    skip = 3  # the first steps include the compiles
+    base = statistics.median(next(iter(runs.values())).times[skip:])
+    print(f"\n{'':<14} {'median ms':>9} {unit + '/s':>9} {'speed':>6} {'peak MiB':>9} "
+          f"{'memory':>7} {'first step s':>12} {'final loss':>10}")
+    peak0 = next(iter(runs.values())).peak_mib
+    for label, r in runs.items():
+        med = statistics.median(r.times[skip:])
+        print(f"{label:<14} {med * 1e3:>9.1f} {items_per_step / med:>9.0f} {base / med:>5.2f}x "
+              f"{r.peak_mib:>9.1f} {r.peak_mib / peak0:>6.2f}x {r.times[0]:>12.2f} "
+              f"{r.losses[-1]:>10.3f}")
+    print("(speed and memory relative to the first row; peak: one step, above what was "
+          "allocated before it)\n")

@@ -1,13 +1,15 @@
-"""Train a character-level GPT on Shakespeare's sonnets, eagerly and with trainc, side by side.
+"""Train a character-level GPT on Shakespeare's sonnets with eager PyTorch, torch.compile and
+trainc, side by side, then show trainc's memory/recompute trade-off (table and PNG plot).
 
-    python recipes/train_gpt.py [--steps 40] [--device cpu] [--budget None] [--backend auto]
-                                [--mode step|model]
+    python recipes/train_gpt.py [--steps 40] [--device cpu] [--mode step|model] [--budget F]
+                                [--out train_gpt_out] [--d 128 --layers 2 --batch 32 --seq 256]
 
-`--mode step` (default) compiles the whole training step (forward, loss, backward, AdamW) with
-trainc.compile_step; `--mode model` compiles the model with trainc.compile and keeps loss and
-optimizer eager. `--budget` (both modes) trades recomputation for memory. Both runs start from
-the same weights and see the same batches; the script prints per-step loss and time, then the
-comparison (time, peak memory) and trainc's memory/recompute report.
+The three runs start from the same weights, see the same batches and take their steps in turn
+(a busy machine slows them alike). torch.compile compiles the model (loss and AdamW eager);
+trainc, with `--mode step` (default), compiles the whole step (forward, loss, backward, AdamW)
+with trainc.compile_step, and with `--mode model` the model only, as torch.compile does.
+The default size is one where trainc is faster and smaller than both on a 2-core CPU
+(BENCHMARKS.md, session 23). Writes <out>/char_gpt_tradeoff.{csv,json,png}.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import trainc
+import trainc.report
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sonnets.txt")
 
@@ -74,21 +77,55 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
 
-def train(model, data, args, label: str, compiled: bool):
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps)
-    step = common.make_step(model, opt, loss_fn, args, compiled)
-    data = batches(data, args.steps, args.batch, args.seq, args.device)
-    return common.train(step, data, args.device, label, after_step=sched.step)
+def make_steps(model: nn.Module, args) -> tuple[dict, list]:
+    """eager, torch.compile and trainc steps, each with its own copy of `model` and AdamW."""
+    steps, scheds = {}, []
+    for label in ("eager", "torch.compile", "trainc"):
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
+        scheds.append(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps))
+        if label == "torch.compile":
+            steps[label] = eager_step(torch.compile(m), opt)
+        else:
+            steps[label] = common.make_step(m, opt, loss_fn, args, compiled=label == "trainc")
+    return steps, scheds
+
+
+def eager_step(forward, opt):
+    def step(x, y):
+        loss = loss_fn(forward, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
+def tradeoff(model: nn.Module, data: torch.Tensor, args) -> None:
+    """trainc's memory/recompute report of the model's forward + backward, one compile per
+    memory budget: saved MiB, recompute FLOPs, measured peak and step time."""
+    x, y = next(batches(data, 1, args.batch, args.seq, args.device))
+    loss = lambda logits, inputs: F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    print("trainc memory/recompute trade-off (model forward + backward, one compile per "
+          "memory budget):", flush=True)
+    result = trainc.report.tradeoff(model, (x,), loss, (None, 0.5, 0.0), name="char_gpt",
+                                    steps=5, out_dir=args.out, progress=False,
+                                    backend=args.backend)
+    print(result.table())
+    print(f"plot: {os.path.join(args.out, 'char_gpt_tradeoff.png')} (peak memory vs step time "
+          f"per budget; the Pareto frontier marked)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_args(ap, steps=40)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--out", default="train_gpt_out")
     args = ap.parse_args()
     common.check_args(ap, args)
 
@@ -96,21 +133,18 @@ def main() -> None:
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     torch.manual_seed(0)
-    eager_model = CharGPT(len(chars), seq=args.seq, dropout=args.dropout).to(args.device)
-    trainc_model = copy.deepcopy(eager_model)
-    print(f"char-GPT: {sum(p.numel() for p in eager_model.parameters()) / 1e3:.0f}k params, "
-          f"vocab {len(chars)}, {len(text)} chars of text; {args.steps} steps on {args.device}, "
-          f"trainc mode {args.mode!r}")
-    eager = train(eager_model, data, args, "eager", compiled=False)
-    compiled = train(trainc_model, data, args, "trainc", compiled=True)
-    common.compare(eager, compiled, args.batch * args.seq, "tokens")
-    if args.mode == "step":
-        print("trainc report of the compiled training step(s):")
-        print(trainc.Explanation(compiled.records))
-    else:
-        x, _ = next(batches(data, 1, args.batch, args.seq, args.device))
-        print("trainc memory/recompute report (model forward+backward):")
-        print(trainc.explain(trainc_model, x, backend=args.backend, memory_budget=args.budget))
+    model = CharGPT(len(chars), d=args.d, layers=args.layers, seq=args.seq,
+                    dropout=args.dropout).to(args.device)
+    print(f"char-GPT: {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, "
+          f"{args.layers} layers of width {args.d}, batch {args.batch} x {args.seq} characters; "
+          f"{args.steps} steps on {args.device} ({torch.get_num_threads()} threads); trainc "
+          f"mode {args.mode!r}. The first steps compile.", flush=True)
+    steps, scheds = make_steps(model, args)
+    runs = common.train_together(steps, batches(data, args.steps, args.batch, args.seq,
+                                                args.device), args.device,
+                                 after_step=lambda label: scheds[list(steps).index(label)].step())
+    common.compare_all(runs, args.batch * args.seq, "tok")
+    tradeoff(model, data, args)
 
 
 if __name__ == "__main__":

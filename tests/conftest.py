@@ -1,4 +1,4 @@
-"""Shared test setup: make tests/ helpers and the shared benchmark suite importable."""
+"""Shared test setup: make tests/ helpers and the benchmark suite models importable."""
 import os
 import sys
 
@@ -16,9 +16,8 @@ os.environ.setdefault("TRAINC_CACHE_ARTIFACTS", "0")
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
-BENCH = os.path.join(HERE, "..", "..", "shared", "bench")
-if os.path.isdir(BENCH):
-    sys.path.insert(0, os.path.abspath(BENCH))
+BENCH = os.path.join(HERE, "..", "benchmarks", "suite_models")  # the suite models: import models
+sys.path.insert(0, os.path.abspath(BENCH))
 
 # Hypothesis profiles: "ci" (default; derandomized, so the default suite is reproducible) and
 # "nightly" (`pytest --hypothesis-profile=nightly tests/fuzz`: random, thousands of examples).

@@ -1,6 +1,7 @@
 """Command line: `python -m trainc report <suite model | module:callable> [--device cuda]
 [--budgets none 1.0 0.5 0.0] [--out DIR]` (a callable returns (model, inputs, loss_fn)), and
-`python -m trainc bench [zoo options]` (the model zoo of a source checkout: benchmarks/zoo)."""
+`python -m trainc bench [zoo options]` (the model zoo of a source checkout: benchmarks/zoo), and
+`python -m trainc debug DIR` (an index of a TRAINC_DEBUG_DIR dump)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-SUITE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "models.py")
+SUITE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "suite_models", "models.py")
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 
 
@@ -61,6 +62,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainc")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("bench", help="the model-zoo benchmark (--help for its options)")
+    dbg = sub.add_parser("debug", help="index of a TRAINC_DEBUG_DIR dump")
+    dbg.add_argument("dir", help="the TRAINC_DEBUG_DIR directory")
     rep = sub.add_parser("report", help="memory / recompute trade-off report")
     rep.add_argument("workload", help="suite model name or module:callable")
     rep.add_argument("--device", default="cpu")
@@ -69,8 +72,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep.add_argument("--out", default="trainc_report")
     rep.add_argument("--steps", type=int, default=5)
     rep.add_argument("--backend", default="auto")
-    rep.add_argument("--suite", default=SUITE, help="path of the shared models.py")
+    rep.add_argument("--suite", default=SUITE, help="path of the suite models.py")
     args = ap.parse_args(argv)
+    if args.cmd == "debug":
+        from trainc.debug_index import index
+        print(index(args.dir))
+        return 0
     from trainc import report
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("trainc report: --device cuda but CUDA is not available")

@@ -123,6 +123,12 @@ class Config:
     # runs TF32 at their shapes on this GPU (codegen/triton/tf32_probe.py), since cuDNN's NHWC
     # float32 gradients can exceed DESIGN.md's 2x-eager error rule. Measurements: BENCHMARKS.md.
     conv_channels_last: Optional[Union[bool, str]] = None
+    # trainc.testing.bisect's switches. Passes not run, as "joint:<pass>" or "post_grad:<pass>"
+    # (every occurrence of that function in passes.JOINT_PASSES / POST_GRAD_PASSES), and graph
+    # nodes (by name, in whichever compiled graph holds them) run as ATen calls instead of
+    # generated code: one kernel's nodes at a time, to find a wrong kernel.
+    skip_passes: tuple[str, ...] = ()
+    aten_nodes: tuple[str, ...] = ()
 
 
 def _env_defaults() -> dict[str, Any]:

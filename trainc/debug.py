@@ -8,6 +8,7 @@ import itertools
 import os
 import re
 import sys
+import time
 from typing import Optional
 
 import torch
@@ -47,6 +48,9 @@ class Dumper:
 
     def __init__(self, config: Config, graph_id: int):
         self.dir: Optional[str] = None
+        self.graph_id, self.print_stages = graph_id, config.debug
+        self.stages: list[tuple[str, float]] = []  # (stage, compile seconds), see lap()
+        self._t = time.perf_counter()
         if config.debug_dir:
             self.dir = os.path.join(config.debug_dir, f"graph_{graph_id}")
             os.makedirs(self.dir, exist_ok=True)
@@ -80,6 +84,35 @@ class Dumper:
                      if g is not None and key in g.extra]
             if parts:
                 self.text(file, "\n".join(parts))
+
+    def lap(self, stage: str) -> None:
+        """`stage` ended now: its seconds are the time since the previous lap (or the start)."""
+        now = time.perf_counter()
+        self.stages.append((stage, now - self._t))
+        self._t = now
+
+    def finish(self) -> None:
+        """50_stages.txt (seconds per stage) and, with TRAINC_DEBUG, the same on one line."""
+        line = ", ".join(f"{s} {t:.3f}" for s, t in self.stages)
+        self.text("50_stages.txt", "".join(f"{s:<24} {t:8.3f} s\n" for s, t in self.stages))
+        if self.print_stages:
+            summary(f"graph_{self.graph_id} stage seconds: {line}")
+
+    def kernels(self, **graphs) -> None:
+        """44_kernel_bytes.txt: one line per generated kernel of each compiled graph (the nodes it
+        computes, the bytes it reads and writes) and each graph's codegen seconds."""
+        lines = []
+        for name, g in graphs.items():
+            if g is None:
+                continue
+            secs = g.extra.get("seconds")
+            lines.append(f"# {name}: {len(g.kernels)} kernels" +
+                         (f", codegen {secs:.3f} s" if secs is not None else "") +
+                         (f", fallbacks {', '.join(g.fallback_ops)}" if g.fallback_ops else ""))
+            lines += [f"{k.name:<12} read {k.bytes_read:>10} B  written {k.bytes_written:>10} B"
+                      f"  nodes {', '.join(k.nodes)}" for k in g.kernels]
+        if lines:
+            self.text("44_kernel_bytes.txt", "\n".join(lines) + "\n")
 
     def memory(self, name: str, compiled) -> None:
         """A compiled graph's memory plan (codegen/memory/), where its backend made one."""

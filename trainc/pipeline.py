@@ -20,8 +20,8 @@ from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
-from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, mark_mutable_inputs,
-                           run_passes)
+from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
+                           mark_mutable_inputs, run_passes)
 from trainc.runtime import Artifact, ExpandedBackwards
 
 
@@ -72,20 +72,24 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     chunked = chunked_loss.rewrite(gm) if config.chunk_loss and training else 0
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
     joint = dataclasses.replace(joint, chunked_losses=chunked, gm=joint_passes(
-        joint.gm, dump, "00_joint.py", "joint graph after functionalization"))
+        joint.gm, dump, "00_joint.py", "joint graph after functionalization", config))
     device = _device(args)
     config, backend = backend_for(config, device, convolutions=_convolutions(joint.gm))
     part = partition(joint, config) if joint.signature.training else None
+    dump.lap("partition")
     fwd_gm = post_grad(part.fwd if part else joint.gm, joint.signature, config)
     plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
         if part and config.accumulate_grads is not False and backend.target.accumulates_grads \
         else None
     acc_gm = post_grad(accumulating_backward(part.bwd, plan), None, config) if plan else None
     bwd_gm = post_grad(part.bwd, None, config) if part else None
+    dump.lap("post-grad passes")
     stays = [i.name for i in joint.signature.inputs if i.kind in _STAYS_PUT]
     fwd = generate(backend, fwd_gm, stays)
+    dump.lap("codegen forward")
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
+    dump.lap("codegen backward")
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
         background=config.background_compile and  # where compiles are slow, the GPU busy
@@ -100,6 +104,9 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     dump.compiled("31", "bwd", bwd_gm, bwd, "backward graph")
     dump.compiled("32", "bwd_accumulate", acc_gm, bwd_acc, "backward graph adding into .grad")
     dump.codegen(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
+    dump.kernels(forward=fwd, backward=bwd, backward_accumulate=bwd_acc)
+    dump.lap("records and dumps")
+    dump.finish()
     return art, record
 
 
@@ -107,11 +114,15 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
 _STAYS_PUT = (InputKind.PARAM, InputKind.BUFFER)
 
 
-def joint_passes(gm: fx.GraphModule, dump: debug.Dumper, file: str,
-                 what: str) -> fx.GraphModule:
-    """The traced graph dumped, then the joint passes (dce, cse, noops, constants, patterns)."""
+def joint_passes(gm: fx.GraphModule, dump: debug.Dumper, file: str, what: str,
+                 config: Config) -> fx.GraphModule:
+    """The traced graph dumped, then the joint passes (dce, cse, noops, constants, patterns)
+    but those Config.skip_passes names."""
     dump.graph(file, gm, what)
-    return run_passes(gm, JOINT_PASSES, dump=dump)
+    dump.lap("trace")
+    gm = run_passes(gm, enabled(JOINT_PASSES, "joint", config.skip_passes), dump=dump)
+    dump.lap("joint passes")
+    return gm
 
 
 def backend_for(config: Config, device: torch.device, step: bool = False,
@@ -131,7 +142,7 @@ def post_grad(gm: fx.GraphModule, signature, config: Config,
     if signature is not None:
         gm = mark_mutable_inputs(gm, signature)
     checks = [check_mutations] if check and config.check_mutations else []
-    return run_passes(gm, POST_GRAD_PASSES + checks)
+    return run_passes(gm, enabled(POST_GRAD_PASSES, "post_grad", config.skip_passes) + checks)
 
 
 def generate(backend: Backend, gm: fx.GraphModule, stays: Sequence[str]) -> CompiledGraph:

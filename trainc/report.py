@@ -6,6 +6,7 @@ c10 allocator's alloc/free events recorded by torch.profiler (profile_memory=Tru
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import json
@@ -176,15 +177,35 @@ def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device) - start + sum(held.values())
     from torch.profiler import ProfilerActivity, profile
 
-    with held_arenas() as held, profile(activities=[ProfilerActivity.CPU],
-                                        profile_memory=True) as prof:
-        run()
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with held_arenas() as held:
+        with _quiet_stderr():  # Kineto prints "USDT: ... profiler_start" at any log level
+            prof.__enter__()
+        try:
+            run()
+        finally:
+            with _quiet_stderr():
+                prof.__exit__(None, None, None)
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     cur = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):
         cur += e.nbytes()
         peak = max(peak, cur)
     return peak + sum(held.values())
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 (C++ writes there, not to sys.stderr) to /dev/null for the block."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _mark_pareto(rows: list[TradeoffRow]) -> list[TradeoffRow]:

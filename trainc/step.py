@@ -172,7 +172,8 @@ class CompiledStep:
                             self.config)
             return _Compiled(layout, cached[0], sig, accumulate, tangent)
         dump = debug.Dumper(self.config, gid)
-        gm = joint_passes(gm, dump, "00_step.py", "whole training step after functionalization")
+        gm = joint_passes(gm, dump, "00_step.py", "whole training step after functionalization",
+                          self.config)
         config, backend = backend_for(self.config, _device(flat), step=True)
         part = None
         if recompute:  # after CSE, which would merge the recomputed copies back

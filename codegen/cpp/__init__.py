@@ -39,7 +39,8 @@ class CppBackend:
         return torch.device("cpu")
 
     def lower(self, gm: fx.GraphModule) -> LoweredGraph:
-        return lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is not False)
+        return lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is not False,
+                     aten_nodes=self.config.aten_nodes)
 
     foreign = staticmethod(no_foreign)
 

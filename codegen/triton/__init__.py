@@ -71,7 +71,8 @@ class TritonBackend:
         if channels_last is None or channels_last == "eager_tf32":
             channels_last = eager_tf32_conv
         return split_reductions(lower(gm, LOWERINGS, is_extern, channels_last,
-                                      store_scalars=True))
+                                      store_scalars=True,
+                                      aten_nodes=self.config.aten_nodes))
 
     def foreign(self, sched: Schedule, example_inputs: Sequence,
                 device: torch.device) -> frozenset:

@@ -39,9 +39,7 @@ print(json.dumps([len(calls), out, variants]))
 
 def _run(cache: str) -> tuple:
     env = dict(os.environ, TRAINC_CACHE_DIR=cache, TRAINC_CACHE_ARTIFACTS="1")
-    bench = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "bench")
-    if not os.path.isdir(bench):
-        pytest.skip("needs the shared benchmark suite (../shared/bench)")
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "suite_models")
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(bench=os.path.abspath(bench))],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

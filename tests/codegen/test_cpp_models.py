@@ -9,7 +9,7 @@ import trainc
 from trainc import records
 from policy import TOLERANCE, assert_policy, rel_err
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 # the whole matrix the C++ issue names: every model, float32 and bfloat16, budgets None and 0
 CASES = [(n, d, b) for n in models.NAMES for d in (torch.float32, torch.bfloat16)

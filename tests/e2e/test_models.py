@@ -7,7 +7,7 @@ import torch
 import trainc
 from policy import assert_policy
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 
 def _train(model, step_fn, inputs, loss_fn, steps):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import trainc
 from policy import assert_policy
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 OPTIMIZERS = {
     "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.02, momentum=0.9, nesterov=True,

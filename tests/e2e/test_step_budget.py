@@ -15,7 +15,7 @@ from trainc.partition.whole_step import BACKWARD, FORWARD, REGION
 from trainc.report import peak_bytes
 from test_step import OPTIMIZERS, _accumulate_like_eager, _batches, _compare, _suite_loss
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 
 def _gpt():

@@ -7,7 +7,6 @@ import sys
 import pytest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "step_suite.py")
-pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
 
 
 def test_tiny_sharded_run_writes_table_and_json(tmp_path):

@@ -12,7 +12,7 @@ from policy import assert_policy
 from trainc.partition import BudgetError
 from trainc.partition import observing as partition_observing
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.1, 0.0)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 from pass_programs import copy_gm
 from test_reinplace import assert_reinplace_keeps_values
 from trainc import pipeline, records

@@ -26,7 +26,6 @@ def test_profile_kernels_times_each_launch_with_its_bytes():
 
 
 def test_suite_bandwidth_rows_rank_kernels_by_bytes():
-    pytest.importorskip("models", reason="benchmarks/suite.py needs ../shared/bench")
     import suite
     x = torch.randn(256, 64, device=DEVICE)
     c = compile_triton(lambda x: (x * 2, x[:8].sum(1)), x)

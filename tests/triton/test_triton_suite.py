@@ -10,7 +10,7 @@ import trainc
 from policy import assert_policy
 from triton_helpers import DEVICE
 
-models = pytest.importorskip("models", reason="needs the shared benchmark suite (../shared/bench)")
+import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
 
 
 def _grads(model, fn, inputs, loss_fn):

@@ -9,9 +9,12 @@
     def test_mine(prog):
         prog.check(backend="cpp")  # assert_grads_match with dropout masks replayed
 
+    bisect(fn, [x, w], backend="cpp")  # a failing case -> the first stage that fails, a repro
+
 `module_stacks()` draws nn.Module stacks the same way (`stack.check(...)`); `zoo_stacks()` draws
 small CNNs from the blocks zoo models are made of (inverted residuals, squeeze-excitation, ...).
 """
+from trainc.testing.bisect import BisectResult, Stage, bisect
 from trainc.testing.check import assert_grads_match
 from trainc.testing.modules import ModuleStack, module_stacks
 from trainc.testing.policy import TOLERANCES, Mismatch, bitwise_equal, compare, rel_err
@@ -19,6 +22,6 @@ from trainc.testing.programs import (InputSpec, Program, ReplayFunctional, Unrep
                                      programs)
 from trainc.testing.zoo_stacks import zoo_stacks
 
-__all__ = ["assert_grads_match", "programs", "module_stacks", "zoo_stacks", "Program", "ModuleStack",
+__all__ = ["assert_grads_match", "bisect", "BisectResult", "Stage", "programs", "module_stacks", "zoo_stacks", "Program", "ModuleStack",
            "InputSpec", "ReplayFunctional", "UnreplayableDropout", "Mismatch", "TOLERANCES",
            "compare", "rel_err", "bitwise_equal"]
