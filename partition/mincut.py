@@ -5,6 +5,8 @@ saved" (capacity: save_weight * bytes); cutting source -> n_in means "computed i
 backward" (capacity: recompute_weight * recompute cost, infinite when the policy forbids it).
 Data edges are infinite, and every value the backward reads connects to the sink, so any
 finite cut is a valid partition and the minimum one is the cheapest under these weights.
+trainc.policy tags (partition/tags.py) make one of the two edges infinite: "save" the
+recompute edge, "recompute" the save edge (and allow recomputing an expensive op).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch.fx as fx
 from trainc.graph import JointGraph, val
 from trainc.partition.cost import CostModel
 from trainc.partition.split import joint_outputs, tangent_dependent
+from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 
 
 def min_cut(joint: JointGraph, costs: CostModel, *, save_weight: int, recompute_weight: int,
@@ -44,11 +47,13 @@ def _flow_graph(joint: JointGraph, costs: CostModel, save_weight: int, recompute
             g.add_edge("source", (n.name, "in"))
             g.add_edge((n.name, "in"), (n.name, "out"), capacity=0)
         else:
-            if not policy.recomputable(n, under_budget):
+            tag = costs.tags.get(n)
+            forced = tag == RECOMPUTE and recompute_legal(n, policy)
+            if tag == SAVE or not (forced or policy.recomputable(n, under_budget)):
                 g.add_edge("source", (n.name, "in"))
             elif c.recompute:
                 g.add_edge("source", (n.name, "in"), capacity=recompute_weight * c.recompute)
-            if _savable(n):
+            if _savable(n) and not forced:
                 g.add_edge((n.name, "in"), (n.name, "out"), capacity=save_weight * c.nbytes)
             else:
                 g.add_edge((n.name, "in"), (n.name, "out"))
