@@ -43,6 +43,7 @@ class CostModel:
         self.costs: dict[fx.Node, NodeCost] = {}
         self.by_name: dict[str, fx.Node] = {}
         self.tags = user_tags(gm)
+        self.cut_cache: dict = {}  # partition/mincut.py: flow-graph pieces and their cuts
         for n in gm.graph.nodes:
             self.by_name[n.name] = n
             if n.op in ("placeholder", "get_attr", "call_function"):

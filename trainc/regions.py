@@ -1,4 +1,4 @@
-"""`with trainc.policy("save" | "recompute" | "offload"):` user regions -> a tag on each traced node.
+"""`with trainc.policy("save" | "recompute" | "offload"):` regions -> a tag on each traced node.
 
 The tag is torch.fx's `node.meta["custom"][KEY]` (fx_traceback.annotate): Dynamo records it on
 its graph's nodes, and traces that replay a tagged graph through `replay` keep it, so the joint
