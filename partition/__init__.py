@@ -21,6 +21,8 @@ from trainc.partition.mincut_choose import choose_mincut
 from trainc.partition.policy import SavePolicy
 from trainc.partition.save_all import choose_save_all
 from trainc.partition.split import split_joint
+from trainc.partition.tags import RECOMPUTE, SAVE
+from trainc.regions import tag_of
 
 Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[str]]]
 
@@ -135,7 +137,14 @@ def _saved_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
     if cls == P.INPUT or costs[n].nbytes == 0:
         return "graph input (or a view of one): saving is free"
     if mode == "save_all":
-        return "save_all: every value the backward reads is saved"
+        return "save_all: every value the backward reads is saved" + \
+            (" (trainc.policy regions ignored)" if costs.tags else "")
+    tag = costs.tags.get(n)
+    if tag == SAVE:
+        return "user policy: trainc.policy('save') region, never recomputed"
+    if tag == RECOMPUTE:
+        return (f"user policy: trainc.policy('recompute') region, but {P.op_name(n)} cannot be "
+                f"recomputed ({cls} op, or its inputs cannot be rebuilt): saved")
     if cls == P.NEVER:
         return f"policy: {P.op_name(n)} is never recomputed"
     if cls == P.EXPENSIVE and mode == "default":
@@ -149,6 +158,10 @@ def _recompute_rule(n: fx.Node, costs: CostModel, mode: str) -> str:
     cls = costs[n].cls
     if cls == P.VIEW and costs[n].nbytes == 0:
         return "view of a graph input: the input is saved, the view made again (free)"
+    tag = costs.tags.get(n)
+    if tag == RECOMPUTE:
+        derived = "" if tag_of(n) else " (a backward formula's value read from the region)"
+        return f"user policy: trainc.policy('recompute') region{derived}, never saved"
     if cls == P.RANDOM:
         return "random: philox replays the forward's bits from the saved seed"
     if cls == P.EXPENSIVE:

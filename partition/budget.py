@@ -21,6 +21,7 @@ from trainc.partition.cost import CostModel
 from trainc.partition.memory import MemoryProfile, simulate
 from trainc.partition.mincut import min_cut
 from trainc.partition.split import execution_order, joint_outputs, tangent_dependent
+from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 
 SWEEP_EXPONENTS = range(-6, 17)  # save weight / recompute weight = 2**k
 
@@ -51,17 +52,25 @@ def evaluate(joint: JointGraph, costs: CostModel, saved: Sequence[fx.Node], labe
 
 def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) -> list[Plan]:
     """Distinct plans from min-cuts at a sweep of weights, from 'recompute nothing' to 'save
-    the fewest bytes', plus `extra` (the save-all and default plans)."""
+    the fewest bytes', plus those of `extra` (the save-all and default plans) that honour the
+    trainc.policy tags."""
     big = sum(c.recompute + c.nbytes for c in costs.costs.values()) + 1
     weights = [(1, big)] + [(2**k, 1) if k >= 0 else (1, 2**-k) for k in SWEEP_EXPONENTS]
     weights.append((big, 1))
-    plans = {tuple(n.name for n in p.saved): p for p in extra}
+    plans = {tuple(n.name for n in p.saved): p for p in extra if honours_tags(p, costs)}
     for a, r in weights:
         saved = min_cut(joint, costs, save_weight=a, recompute_weight=r, under_budget=True)
         key = tuple(n.name for n in saved)
         if key not in plans:
             plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}")
     return list(plans.values())
+
+
+def honours_tags(plan: Plan, costs: CostModel) -> bool:
+    """No "save" value recomputed, no legally recomputable "recompute" value saved (the
+    min-cut's plans honour them by construction; save-all ignores them)."""
+    return not any(costs.tags.get(n) == SAVE for n in plan.recomputed) and not any(
+        costs.tags.get(n) == RECOMPUTE and recompute_legal(n, costs.policy) for n in plan.saved)
 
 
 def lowest(plans: Sequence[Plan]) -> Plan:

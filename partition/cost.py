@@ -14,6 +14,7 @@ from torch.utils.flop_counter import flop_registry
 
 from trainc.graph import val
 from trainc.partition import policy as P
+from trainc.partition.tags import user_tags
 
 # Rough per-element FLOPs of ops without a torch.utils.flop_counter formula.
 _PHILOX_FLOPS_PER_ELEMENT = 40  # 10 rounds of 2 multiplies, xors and key bumps
@@ -30,7 +31,8 @@ class NodeCost:
 
 
 class CostModel:
-    """Per-node costs of one graph; `storage_bytes[name]` is each storage's size."""
+    """Per-node costs of one graph; `storage_bytes[name]` is each storage's size; `tags` the
+    trainc.policy region of each tagged forward value (partition/tags.py)."""
 
     def __init__(self, gm: fx.GraphModule, policy: P.SavePolicy, fuses: bool = False):
         self.policy = policy
@@ -40,6 +42,8 @@ class CostModel:
         self.input_storages: set[str] = set()
         self.costs: dict[fx.Node, NodeCost] = {}
         self.by_name: dict[str, fx.Node] = {}
+        self.tags = user_tags(gm)
+        self.cut_cache: dict = {}  # partition/mincut.py: flow-graph pieces and their cuts
         for n in gm.graph.nodes:
             self.by_name[n.name] = n
             if n.op in ("placeholder", "get_attr", "call_function"):

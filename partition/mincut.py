@@ -5,8 +5,12 @@ saved" (capacity: save_weight * bytes); cutting source -> n_in means "computed i
 backward" (capacity: recompute_weight * recompute cost, infinite when the policy forbids it).
 Data edges are infinite, and every value the backward reads connects to the sink, so any
 finite cut is a valid partition and the minimum one is the cheapest under these weights.
+trainc.policy tags (partition/tags.py) make one of the two edges infinite: "save" the
+recompute edge, "recompute" the save edge (and allow recomputing an expensive op).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import networkx as nx
 from networkx.algorithms.flow import boykov_kolmogorov
@@ -15,51 +19,141 @@ import torch.fx as fx
 from trainc.graph import JointGraph, val
 from trainc.partition.cost import CostModel
 from trainc.partition.split import joint_outputs, tangent_dependent
+from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 
 
 def min_cut(joint: JointGraph, costs: CostModel, *, save_weight: int, recompute_weight: int,
             under_budget: bool) -> list[fx.Node]:
     """The saved values of the cheapest cut; capacities are integers, so results are exact."""
-    g, boundary = _flow_graph(joint, costs, save_weight, recompute_weight, under_budget)
+    parts, boundary = _parts(joint, costs, under_budget)
+    solved = costs.cut_cache.setdefault("solved", {})
+    in_forward: set[fx.Node] = set()
+    for part in parts:
+        key = part.key, save_weight, recompute_weight
+        if key not in solved:
+            solved[key] = _solve(part, save_weight, recompute_weight)
+        in_forward.update(part.nodes[i] for i in solved[key])
+    return saved_from_cut(joint, boundary, in_forward.__contains__)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One weakly connected piece of the flow graph. An edge out of a node whose n_out must
+    (or may at no cost) sit on the sink side never crosses the cut, so dropping it changes no
+    cut: the pieces are solved apart, and pieces with equal `key` (the repeated layers of a
+    model) share one solution per weight. A constant (an op without inputs, e.g. the -inf of
+    every attention mask) read by several pieces is copied into each: its save or recompute
+    cost counts once per piece, and it is computed in the forward if any piece says so."""
+    nodes: tuple[fx.Node, ...]  # graph order; local index = position
+    key: tuple  # per node: (recompute capacity, save capacity, to sink, local successors)
+
+
+def _parts(joint: JointGraph, costs: CostModel,
+           under_budget: bool) -> tuple[list[_Part], list[fx.Node]]:
+    cache = costs.cut_cache.setdefault("parts", {})
+    if under_budget not in cache:
+        cache[under_budget] = _split_parts(joint, costs, under_budget)
+    return cache[under_budget]
+
+
+def _split_parts(joint: JointGraph, costs: CostModel,
+                 under_budget: bool) -> tuple[list[_Part], list[fx.Node]]:
+    backward = tangent_dependent(joint.gm)
+    _, grad_outs = joint_outputs(joint)
+    direct = {o for o in grad_outs if isinstance(o, fx.Node)}
+    nodes = [n for n in joint.gm.graph.nodes
+             if n.op in ("placeholder", "call_function") and n not in backward]
+    attrs: dict[fx.Node, tuple] = {}
+    boundary: list[fx.Node] = []
+    shared: list[fx.Node] = []  # constants (no inputs) read by several layers: -inf, masks
+    parent = {n: n for n in nodes}
+    for n in nodes:
+        sink = n in direct or any(u in backward for u in n.users)
+        if sink:
+            boundary.append(n)
+        src, mid = _capacities(n, costs, under_budget)
+        succ = [u for u in n.users if u.op == "call_function" and u not in backward]
+        if sink or mid == 0:  # n_out on the sink side costs nothing: its edges never count
+            succ = []
+        if n.op == "call_function" and not n.all_input_nodes and succ:
+            shared.append(n)
+        else:
+            for u in succ:
+                _union(parent, n, u)
+        attrs[n] = (src, mid, sink, succ)
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for n in nodes:
+        if n not in shared:
+            groups.setdefault(_find(parent, n), []).append(n)
+    for c in shared:  # a copy in each piece that reads it
+        for root in {_find(parent, u) for u in attrs[c][3]}:
+            groups[root].append(c)
+    order = {n: i for i, n in enumerate(nodes)}
+    parts = []
+    for members in groups.values():
+        members.sort(key=order.__getitem__)
+        local = {n: i for i, n in enumerate(members)}
+        key = tuple((src, mid, sink, tuple(sorted(local[u] for u in succ if u in local)))
+                    for src, mid, sink, succ in (attrs[n] for n in members))
+        parts.append(_Part(tuple(members), key))
+    return parts, boundary
+
+
+INF = None  # an uncut-able edge (networkx: no capacity attribute)
+
+
+def _capacities(n: fx.Node, costs: CostModel, under_budget: bool) -> tuple:
+    """(recompute capacity, save capacity) before weights: 0 = free, INF = forbidden."""
+    if n.op == "placeholder":
+        return INF, 0
+    c = costs[n]
+    policy = costs.policy
+    tag = costs.tags.get(n)
+    forced = tag == RECOMPUTE and recompute_legal(n, policy)
+    if tag == SAVE or not (forced or policy.recomputable(n, under_budget)):
+        src = INF
+    else:
+        src = c.recompute
+    mid = c.nbytes if _savable(n) and not forced else INF
+    return src, mid
+
+
+def _solve(part: _Part, save_weight: int, recompute_weight: int) -> frozenset[int]:
+    """Local indices of the part's nodes computed in the forward (n_in on the source side)."""
+    if not any(sink for _, _, sink, _ in part.key):
+        return frozenset(range(len(part.nodes)))
+    edges: list = []  # one add_edges_from: add_edge per edge was a third of a 32-layer sweep
+    free: dict = {}
+    for i, (src, mid, sink, succ) in enumerate(part.key):
+        if src is INF:
+            edges.append(("source", (i, 0), free))
+        elif src:
+            edges.append(("source", (i, 0), {"capacity": recompute_weight * src}))
+        edges.append(((i, 0), (i, 1), free if mid is INF else {"capacity": save_weight * mid}))
+        edges.extend(((i, 1), (j, 0), free) for j in succ)
+        if sink:
+            edges.append(((i, 1), "sink", free))
+    g = nx.DiGraph()
+    g.add_node("source")
+    g.add_edges_from(edges)
     value, (source_side, _) = nx.minimum_cut(g, "source", "sink", flow_func=boykov_kolmogorov)
     if value == float("inf"):
         raise AssertionError("trainc partition: no finite cut (a value the backward needs can "
                              "neither be saved nor recomputed)")
-    return saved_from_cut(joint, boundary, lambda n: (n.name, "in") in source_side)
+    return frozenset(i for i in range(len(part.nodes)) if (i, 0) in source_side)
 
 
-def _flow_graph(joint: JointGraph, costs: CostModel, save_weight: int, recompute_weight: int,
-                under_budget: bool) -> tuple[nx.DiGraph, list[fx.Node]]:
-    backward = tangent_dependent(joint.gm)
-    _, grad_outs = joint_outputs(joint)
-    direct = {o for o in grad_outs if isinstance(o, fx.Node)}
-    g = nx.DiGraph()
-    boundary: list[fx.Node] = []
-    policy = costs.policy
-    for n in joint.gm.graph.nodes:
-        if n.op not in ("placeholder", "call_function") or n in backward:
-            continue
-        c = costs[n]
-        if n.op == "placeholder":
-            g.add_edge("source", (n.name, "in"))
-            g.add_edge((n.name, "in"), (n.name, "out"), capacity=0)
-        else:
-            if not policy.recomputable(n, under_budget):
-                g.add_edge("source", (n.name, "in"))
-            elif c.recompute:
-                g.add_edge("source", (n.name, "in"), capacity=recompute_weight * c.recompute)
-            if _savable(n):
-                g.add_edge((n.name, "in"), (n.name, "out"), capacity=save_weight * c.nbytes)
-            else:
-                g.add_edge((n.name, "in"), (n.name, "out"))
-        for u in n.users:
-            if u.op == "call_function" and u not in backward:
-                g.add_edge((n.name, "out"), (u.name, "in"))
-        if n in direct or any(u in backward for u in n.users):
-            g.add_edge((n.name, "out"), "sink")
-            boundary.append(n)
-    g.add_node("sink")
-    return g, boundary
+def _find(parent: dict, n):
+    while parent[n] is not n:
+        parent[n] = parent[parent[n]]
+        n = parent[n]
+    return n
+
+
+def _union(parent: dict, a, b) -> None:
+    ra, rb = _find(parent, a), _find(parent, b)
+    if ra is not rb:
+        parent[rb] = ra
 
 
 def _savable(n: fx.Node) -> bool:

@@ -13,6 +13,7 @@ from trainc.graph import JointGraph
 from trainc.partition import budget as B
 from trainc.partition.cost import CostModel
 from trainc.partition.mincut import min_cut
+from trainc.partition.refine import refined
 from trainc.partition.save_all import save_all_nodes
 
 
@@ -58,5 +59,5 @@ def budget_plans(joint: JointGraph, costs: CostModel, default: B.Plan) -> list[B
     key = costs.policy, costs.fuses
     if key not in cache:
         save_all = B.evaluate(joint, costs, save_all_nodes(joint), "save_all")
-        cache[key] = B.candidates(joint, costs, [save_all, default])
+        cache[key] = refined(joint, costs, B.candidates(joint, costs, [save_all, default]))
     return cache[key]

@@ -18,6 +18,7 @@ from trainc.partition import policy as P
 from trainc.partition.cost import CostModel
 from trainc.partition.mincut_choose import OBJECTIVES
 from trainc.partition.policy import DEFAULT_POLICY
+from trainc.partition.refine import refined
 from trainc.partition.save_all import save_all_nodes
 from trainc.partition.split import tangent_dependent
 
@@ -76,7 +77,8 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set)
             if p.saved not in plans:
                 plans[p.saved] = B.evaluate(joint, step_costs, p.saved,
                                             p.label + " (policy costs)")
-        cache[policy, name, fuses] = step_costs, default, list(plans.values())
+        cache[policy, name, fuses] = step_costs, default, refined(joint, step_costs,
+                                                                  list(plans.values()))
     step_costs, default, plans = cache[policy, name, fuses]
     best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
                           f"a training step of {len(joint.gm.graph.nodes)} nodes")

@@ -8,8 +8,9 @@ from trainc.api import Explanation, compile, explain
 from trainc.config import Config
 from trainc.joint import UnsupportedError
 from trainc import report  # noqa: E402  trainc.report.tradeoff
+from trainc.regions import policy
 from trainc.step import CompiledStep, compile_step
 
-__all__ = ["compile", "compile_step", "explain", "CompiledStep", "Explanation", "Config",
-           "UnsupportedError"]
+__all__ = ["compile", "compile_step", "explain", "policy", "CompiledStep", "Explanation",
+           "Config", "UnsupportedError"]
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from trainc.config import Config
+from trainc import regions
 
 FORMAT = 3
 PARTS = ("graph", "inputs", "options", "trainc_source", "versions", "device", "numerics")
@@ -66,6 +67,9 @@ def _graph_part(gm: fx.GraphModule) -> tuple[Optional[str], str]:
         if not isinstance(mod, fx.GraphModule):
             return None, "the graph calls a real module (its code is not in the graph's)"
         h.update(mod.code.encode())
+        tags = [(n.name, regions.tag_of(n)) for n in mod.graph.nodes if regions.tag_of(n)]
+        if tags:  # trainc.policy regions live in node meta, not in the code
+            h.update(repr(tags).encode())
     attrs = _tensor_attrs(gm)
     if attrs is None:
         return None, "a get_attr constant is neither a tensor nor a graph"

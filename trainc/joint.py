@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trainc import attention, decomps, rng, scalars
+from trainc import attention, decomps, regions, rng, scalars
 from trainc.graph import (GraphSignature, InputInfo, InputKind, JointGraph, OutputInfo,
                           OutputKind, is_dense)
 
@@ -88,8 +88,8 @@ def trace_functional(fn, *args) -> fx.GraphModule:
     """fn traced by make_fx with trainc's decompositions, then again under functionalization
     when that graph writes anything (the module docstring's two traces; also compile_step's)."""
     gm = make_fx(fn, decomposition_table=decomps.TABLE)(*args)
-    if _writes(gm):
-        gm = make_fx(torch.func.functionalize(gm, remove="mutations"),
+    if _writes(gm):  # trainc.policy tags survive the second trace (regions.replay)
+        gm = make_fx(torch.func.functionalize(regions.replay(gm), remove="mutations"),
                      decomposition_table=decomps.TABLE)(*args)
     return gm
 
@@ -220,7 +220,7 @@ def _joint_fn(gm, info: _Analysis, requires_grad, training: bool, n: int, fuse_a
         with rng.tracing(seed), torch.set_grad_enabled(training):
             inner = [_detach(p, rg) for p, rg in zip(primals, requires_grad)]
             with attention.tracing(fuse_attention) as att:
-                outs = _as_list(gm(*inner))
+                outs = _as_list(regions.replay(gm)(*inner))
             rewrites[0] = att.rewrites if att is not None else 0
             computed = [_computed_tensor(outs, k) for k in info.computed]
             if not training:

@@ -41,7 +41,8 @@ def test_tradeoff_writes_table_csv_json_png(tmp_path):
                              steps=1, out_dir=str(tmp_path), progress=False, backend="aten")
     assert [r.budget for r in result.rows] == ["None", "1.0", "0.0"]
     assert all(r.peak_bytes > 0 and r.step_ms > 0 for r in result.rows)
-    assert result.rows[2].saved_bytes <= result.rows[1].saved_bytes
+    # budget 0 is the lowest simulated peak (it may save more bytes to get there: refine.py)
+    assert result.rows[2].simulated_peak <= result.rows[1].simulated_peak
     assert any(r.pareto for r in result.rows)
     assert "allocator" in result.memory_method and "peak MiB" in result.table()
     rows = list(csv.DictReader(open(tmp_path / "tiny_tradeoff.csv")))
