@@ -9,6 +9,10 @@
     def test_mine(prog):
         prog.check(backend="cpp")  # assert_grads_match with dropout masks replayed
 
+A value that fails gets a second opinion before it is reported (second.py): other valid eager
+evaluations (channels-last, one thread), and float64 with inputs that sit within rounding of a
+clamp/ReLU/max cutoff flipped (flips.py); values excused so come back as notes, not failures.
+
 `module_stacks()` draws nn.Module stacks the same way (`stack.check(...)`); `zoo_stacks()` draws
 small CNNs from the blocks zoo models are made of (inverted residuals, squeeze-excitation, ...).
 """
