@@ -361,3 +361,14 @@ def test_second_opinion_still_fails_the_float_accumulator_kernels(monkeypatch):
     ns = runpy.run_path(path)
     with pytest.raises(AssertionError, match=r"grad of param m2\.1\.bias: exceeds"):
         assert_grads_match(ns["make_model"](), ns["make_inputs"], **ns["OPTS"])
+
+
+def test_near_cutoffs_skip_exact_ties_and_far_values():
+    from trainc.testing import flips
+    ref = torch.tensor([0.0, 1e-7, -3e-7, 0.5], dtype=torch.float64)
+    low = torch.tensor([0.0, 2e-7, -2e-7, 0.5])  # eager's rounding here: up to 1e-7
+    cut = torch.zeros(4, dtype=torch.float64)
+    near = flips.near_cutoffs([("aten.relu.default", low, cut)],
+                              [("aten.relu.default", ref, cut)])
+    assert len(near) == 1 and near[0].flat == (1, 2) and "2 input(s)" in str(near[0])
+    assert flips.subsets(near) == [{0: [1]}, {0: [2]}, {0: [1, 2]}]

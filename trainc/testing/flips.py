@@ -123,7 +123,8 @@ def near_cutoffs(low: list, ref: list) -> list[NearCutoff]:
             continue
         rounding = diff[finite].abs().max().item()
         dist = (x_r - c_r).abs()
-        near = finite & (dist <= NEAR_MARGIN * rounding) if rounding > 0 else None
+        # exactly at the cutoff: mirroring moves nothing (relu of relu's zeros), not a case
+        near = finite & (dist > 0) & (dist <= NEAR_MARGIN * rounding) if rounding > 0 else None
         if near is None or not bool(near.any()):
             continue
         flat = tuple(int(k) for k in near.reshape(-1).nonzero().reshape(-1))
