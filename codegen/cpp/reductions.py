@@ -26,9 +26,9 @@ FOLDABLE = frozenset(COMBINE)  # reductions whose partial results fold (thread s
 def acc_init(p, body, n: ComputeNode) -> list[str]:
     """Declares n's accumulator variables; returns how the loop names them."""
     e_dtype = expr_dtype(n, p.syms)
-    t = ctype(e_dtype)
-    acc = p.tmp()
     op = n.reduce_op
+    t = acc_ctype(op, e_dtype)
+    acc = p.tmp()
     if op in ("sum", "prod"):
         vars_ = [(t, acc, f"{t}({0 if op == 'sum' else 1})")]
     elif op in ("max", "min"):
@@ -45,6 +45,15 @@ def acc_init(p, body, n: ComputeNode) -> list[str]:
               f" for (int64_t j = 0; j < {w}; ++j) {{ " +
               " ".join(f"{v}[j] = {init};" for _, v, init in vars_) + " }")
     return [f"{v}[j]" for _, v, _ in vars_]
+
+
+def acc_ctype(op: str, dtype: torch.dtype) -> str:
+    """The C type of a reduction's accumulator. Sums computed in float accumulate in double: a
+    float accumulator taking one simd block after another drifts by up to n ulps, where eager's
+    cascade sum stays within a few (a BatchNorm backward that cancels amplified it to 10x
+    eager's gradient error: finding zoo_cpp_None_34102_69)."""
+    t = ctype(dtype)
+    return "double" if op == "sum" and t == "float" else t
 
 
 def accumulate(body, n: ComputeNode, acc, e: ir.Expr, isyms, inner) -> None:

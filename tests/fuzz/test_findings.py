@@ -14,12 +14,7 @@ from trainc.testing import ReplayFunctional, UnreplayableDropout, assert_grads_m
 from trainc.testing.modules import replay_dropouts
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
-OPEN = {  # file: what is wrong, as far as diagnosed
-    "zoo_cpp_None_34102_69": "(session 22 zoo-stack fuzz, seed 34102) float32 ReLU, "
-    "BatchNorm2d(1), two conv-BN-act over 4x1x8x8, pooled: cpp's m2.1.bias gradient is "
-    "4.3e-4 off where eager is 4.7e-5 and five emulated float32 evaluations 3-5e-5; aten "
-    "passes, so the cpp kernels (a reduction's order or width), not the graph. Not diagnosed",
-}
+OPEN: dict[str, str] = {}  # file: what is wrong, as far as diagnosed
 UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at fault)
     "programs_cpp_0_0_20261806": "(session 18 local nightly, bf16, 0-d inputs) v17 = "
     "F.dropout(v9, p=0.9), then v20 = v17.flatten(); v20.add_(v9): the write through the view "
@@ -47,6 +42,13 @@ EAGER_INEXACT = {  # file: why the float64 eager reference, not trainc, is off
     "hardsigmoid in float64 programs (compositions.FLOAT64_INEXACT)",
 }
 FIXED = {
+    "zoo_cpp_None_34102_69": "(session 22 zoo-stack fuzz, seed 34102) float32 ReLU, "
+    "BatchNorm2d(1), two conv-BN-act over 4x1x8x8, pooled: cpp's m2.1.bias gradient was "
+    "4.3e-4 off where eager is 4.7e-5. The backward graph alone, on the same inputs, in float64, "
+    "aten float32 and cpp: every cpp sum was ~10x aten's error (sum_1 4.7e-7 vs 4.5e-8), and "
+    "the BN backward's cancelling sums amplified it. Cause: float accumulators that take one "
+    "8-wide simd block after another drift by up to n ulps (eager's cascade sum: a few). "
+    "Fixed (session 23): float sums accumulate in double (cpp reductions.acc_ctype)",
     "programs_nodrop_cpp_0_0_fuse": "(found by a helper's fuzz run, session 3) var over 48 "
     "values near -50 that differ by ~0.01 (v11 - v6 with v6 a sum): ill-conditioned in float32; "
     "cpp's vectorized sum rounds v6 differently from eager and the grad's error is 2.1x eager's "

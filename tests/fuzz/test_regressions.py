@@ -222,6 +222,30 @@ def test_cpp_softmax_of_0d_tensor():
     assert_grads_match(program, [torch.randn((), requires_grad=True)], backend="cpp")
 
 
+@needs_cpp
+@pytest.mark.parametrize("shape,dim", [((4096,), 0), ((512, 64), 0), ((64, 512), 1),
+                                       ((300000,), 0)])
+def test_cpp_float32_sums_round_once(shape, dim):
+    """Finding zoo_cpp_None_34102_69: float accumulators drifted by up to n ulps (10x eager's
+    error after a BatchNorm backward cancelled). A double accumulator rounds the sum of
+    float32 values of one sign and similar size once: the float64 sum, rounded (row, column
+    lanes, and a long split reduction)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from trainc import decomps
+    from trainc.codegen.cpp import CppBackend
+    g = torch.Generator().manual_seed(0)
+    x = 1 + torch.rand(shape, generator=g)
+    exact = x.double().sum(dim).float()
+    gm = make_fx(lambda a: (a.sum(dim),), decomposition_table=decomps.TABLE,
+                 tracing_mode="fake")(x)
+    got, = CppBackend().compile(gm, [None]).run([x])
+    if shape == (300000,):  # split: per-thread partials are stored as float32, then summed
+        assert (got.double() - exact.double()).abs().max() <= 2 * torch.finfo().eps * exact.double()
+    else:
+        assert torch.equal(got, exact)
+
+
 def test_every_known_bug_has_an_xfail_regression_test():
     from fuzz_helpers import KNOWN_BUGS
     for name in KNOWN_BUGS:

@@ -219,3 +219,156 @@ def test_zoo_stacks_run_in_train_mode_and_print(stack):
     assert model.training and "class Model" in repr(stack)
     outs = model(*stack.make_inputs())
     assert outs[0].dim() in (2, 4)
+
+
+class _ShiftedRelu:
+    """The aten backend with every relu(x) computed as relu(x - SHIFT): an evaluation whose
+    rounding put inputs within SHIFT of 0 on the other side (forward and backward alike).
+    `scale` also multiplies the backward's results (a planted wrong kernel)."""
+    name = "aten"
+    SHIFT, scale = 2 ** -20, 1.0
+
+    def __init__(self, *args):
+        self.args = args
+
+    def compile(self, gm, example_inputs):
+        for n in list(gm.graph.nodes):
+            if n.target in (torch.ops.aten.relu.default, torch.ops.aten.relu_.default):
+                with gm.graph.inserting_before(n):
+                    moved = gm.graph.call_function(torch.ops.aten.sub.Tensor,
+                                                   (n.args[0], self.SHIFT))
+                    moved.meta = dict(n.args[0].meta)
+                n.args = (moved,)
+        gm.recompile()
+        inner = codegen.AtenBackend(*self.args).compile(gm, example_inputs)
+        is_bwd = any(n.name.startswith("tangents") for n in gm.graph.nodes
+                     if n.op == "placeholder")
+        scale = self.scale
+
+        def run(args):
+            outs = inner.run(args)
+            return [o * scale if is_bwd and torch.is_tensor(o) and o.is_floating_point() else o
+                    for o in outs]
+        return codegen.CompiledGraph(run, inner.kernels, inner.fallback_ops, inner.source)
+
+
+def _near_relu_inputs():
+    """a * b - c with element 0 one ulp of a0 b0 above 0 in float32 and 0.5-1.5 ulps in
+    float64 (|a b| in 1..6, one ulp ~2e-7): positive in both, within rounding of 0."""
+    g = torch.Generator().manual_seed(3)
+    a = 1 + torch.rand(64, generator=g)
+    b = 1 + 2 * torch.rand(64, generator=g)
+    c = torch.randn(64, generator=g)
+    c[0] = torch.nextafter(a[0] * b[0], torch.tensor(-1.0))
+    w = torch.randn(64, generator=g)
+    return [a.requires_grad_(), b.requires_grad_(), c.requires_grad_(), w]
+
+
+def _relu_program(a, b, c, w):
+    return (torch.relu(a * b - c) * w,)
+
+
+def test_boundary_flip_is_reported_not_failed(monkeypatch):
+    """The compiled run puts one ReLU input within rounding of 0 on the other side: its
+    gradients differ from float64 by a whole element (1e4x eager's error), yet float64 with that element
+    flipped is what it computed: a boundary flip, returned as a note."""
+    inputs = _near_relu_inputs()
+    assert assert_grads_match(_relu_program, inputs, backend="aten") == []
+    monkeypatch.setitem(codegen.BACKENDS, "aten", _ShiftedRelu)
+    notes = assert_grads_match(_relu_program, inputs, backend="aten")
+    assert notes and all(n.kind == "boundary flip" for n in notes)
+    assert "grad of input 0" in {n.what for n in notes}
+    assert "aten.relu" in str(notes[0]) and notes[0].err_compiled > 100 * notes[0].err_eager
+
+
+def test_wrong_kernel_near_a_cutoff_still_fails(monkeypatch):
+    """The same flip plus backward results 1% off: no flipped float64 run explains that."""
+    monkeypatch.setitem(codegen.BACKENDS, "aten", _ShiftedRelu)
+    monkeypatch.setattr(_ShiftedRelu, "scale", 1.01)
+    with pytest.raises(AssertionError, match="near a cutoff, no flip of them explains it"):
+        assert_grads_match(_relu_program, _near_relu_inputs(), backend="aten")
+
+
+def test_flip_far_from_the_cutoff_still_fails(monkeypatch):
+    """A shift far beyond eager's rounding flips elements no valid evaluation would: fails."""
+    monkeypatch.setitem(codegen.BACKENDS, "aten", _ShiftedRelu)
+    monkeypatch.setattr(_ShiftedRelu, "SHIFT", 0.05)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, generator=g)
+    x[0] = 0.02  # flipped by the shift, 3e5 roundings from 0
+    with pytest.raises(AssertionError, match="grad of input 0"):
+        assert_grads_match(lambda x: (torch.relu(x * 1.0),), [x.requires_grad_()],
+                           backend="aten")
+
+
+class _FakeRuns:
+    """second.Runs with a fixed eager variant and no cutoff ops."""
+
+    def __init__(self, variant):
+        self.variant = variant
+
+    def variants(self):
+        return ["channels-last"]
+
+    def eager_variant(self, name):
+        return {"grad of w": self.variant}
+
+    def record(self, low_precision):
+        return []
+
+    def flipped_reference(self, chosen):
+        raise AssertionError("no cutoffs: never asked")
+
+
+def test_eager_variant_spread_excuses_only_what_a_variant_also_gives():
+    """A value 8x eager's error passes when eager in channels-last is 5x off too (the spread
+    is eager's error), and fails when every variant is as close as eager."""
+    from trainc.testing.second import reconsider
+    ref = torch.linspace(1, 2, 100, dtype=torch.float64)
+    eager, comp = ref.float() * (1 + 1e-5), ref.float() * (1 + 8e-5)
+    m = compare("grad of w", comp, eager, ref)
+    assert m is not None
+    vals = ({"grad of w": comp}, {"grad of w": eager}, {"grad of w": ref})
+    still, notes = reconsider([m], *vals, {}, _FakeRuns(ref.float() * (1 - 5e-5)))
+    assert not still and notes[0].kind == "eager variant" and "channels-last" in str(notes[0])
+    still, notes = reconsider([m], *vals, {}, _FakeRuns(ref.float() * (1 + 1e-5)))
+    assert still and not notes
+
+
+def test_eager_variants_of_a_conv_model_run_channels_last_and_one_thread():
+    from trainc.testing.check import _Runs
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3))
+    make = lambda: [torch.randn(2, 2, 5, 5, generator=torch.Generator().manual_seed(0))]  # noqa
+    runs = _Runs(model, make, 0, [torch.float32])
+    assert "channels-last" in runs.variants()
+    for name in ("channels-last", "one thread"):
+        vals = runs.eager_variant(name)
+        assert {"output 0", "grad of param 0.weight", "buffer 1.running_var"} <= set(vals)
+    assert torch.get_num_threads() >= 1 and model[0].weight.is_contiguous()
+
+
+@pytest.mark.skipif("cpp" not in codegen.BACKENDS, reason="cpp backend not registered")
+def test_second_opinion_still_fails_the_float_accumulator_kernels(monkeypatch):
+    """Finding zoo_cpp_None_34102_69 with the kernels it was found with (float accumulators,
+    10x eager's error on a BN bias gradient): channels-last and one-thread eager runs and the
+    ReLU's near-zero inputs do not explain it."""
+    import os
+    import runpy
+
+    from trainc.codegen.cpp import exprs, reductions
+    monkeypatch.setattr(reductions, "acc_ctype", lambda op, dtype: exprs.ctype(dtype))
+    path = os.path.join(os.path.dirname(__file__), "findings", "zoo_cpp_None_34102_69.py")
+    ns = runpy.run_path(path)
+    with pytest.raises(AssertionError, match=r"grad of param m2\.1\.bias: exceeds"):
+        assert_grads_match(ns["make_model"](), ns["make_inputs"], **ns["OPTS"])
+
+
+def test_near_cutoffs_skip_exact_ties_and_far_values():
+    from trainc.testing import flips
+    ref = torch.tensor([0.0, 1e-7, -3e-7, 0.5], dtype=torch.float64)
+    low = torch.tensor([0.0, 2e-7, -2e-7, 0.5])  # eager's rounding here: up to 1e-7
+    cut = torch.zeros(4, dtype=torch.float64)
+    near = flips.near_cutoffs([("aten.relu.default", low, cut)],
+                              [("aten.relu.default", ref, cut)])
+    assert len(near) == 1 and near[0].flat == (1, 2) and "2 input(s)" in str(near[0])
+    assert flips.subsets(near) == [{0: [1]}, {0: [2]}, {0: [1, 2]}]

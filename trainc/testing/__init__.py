@@ -11,6 +11,10 @@
 
     bisect(fn, [x, w], backend="cpp")  # a failing case -> the first stage that fails, a repro
 
+A value that fails gets a second opinion before it is reported (second.py): other valid eager
+evaluations (channels-last, one thread), and float64 with inputs that sit within rounding of a
+clamp/ReLU/max cutoff flipped (flips.py); values excused so come back as notes, not failures.
+
 `module_stacks()` draws nn.Module stacks the same way (`stack.check(...)`); `zoo_stacks()` draws
 small CNNs from the blocks zoo models are made of (inverted residuals, squeeze-excitation, ...).
 """

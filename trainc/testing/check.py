@@ -15,6 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from trainc.testing import flips
+from trainc.testing.second import reconsider
 from trainc.testing.policy import ILL_CONDITIONED, Mismatch, bitwise_equal, compare, rel_err
 
 Inputs = Union[Sequence[Any], Callable[[], Sequence[Any]]]
@@ -41,7 +43,8 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
     `reference(compiled_outputs) -> fn`: the function eager runs use instead of `fn`, for
     programs eager cannot reproduce bit for bit (dropout: replay the compiled run's masks).
     `source`: program text shown in the failure report (default: inspect.getsource(fn)).
-    Raises AssertionError listing every mismatch; returns [] on success.
+    Raises AssertionError listing every mismatch. Returns the values excused on a second
+    opinion (second.py: an eager variant as far off, a boundary flip), [] when all passed.
     """
     import trainc
 
@@ -66,9 +69,66 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
     else:
         cond = _conditioning(eager_fn, make, seed, eager.tangent_dtypes, ref)
     mismatches += _compare_runs(first, eager, ref, low, cond)
+    notes: list[Mismatch] = []
+    if mismatches and low is None:
+        mismatches, notes = reconsider(
+            mismatches, dict(_values(first)), dict(_values(eager)), dict(_values(ref)), cond,
+            _Runs(eager_fn, make, seed, eager.tangent_dtypes))
     if mismatches:
-        raise AssertionError(_report(mismatches, fn, source, compile_options))
-    return mismatches
+        raise AssertionError(_report(mismatches + notes, fn, source, compile_options))
+    return notes
+
+
+class _Runs:
+    """The extra runs second.reconsider asks for after a failure (second.Runs)."""
+
+    def __init__(self, fn: Callable, make: Callable, seed: int, tangent_dtypes: list):
+        self.fn, self.make, self.seed, self.tangent_dtypes = fn, make, seed, tangent_dtypes
+
+    def values(self, run: RunResult) -> dict:
+        return dict(_values(run))
+
+    def variants(self) -> list[str]:
+        """channels-last where there are 4-d images or 2-d convolutions; one thread (ATen's
+        reductions split over threads: another order) where eager runs on several."""
+        out = []
+        mods = self.fn.modules() if isinstance(self.fn, torch.nn.Module) else []
+        if any(isinstance(m, torch.nn.Conv2d) for m in mods) or any(
+                torch.is_tensor(x) and x.dim() == 4 and x.is_floating_point()
+                for x in self.make()):
+            out.append("channels-last")
+        if torch.get_num_threads() > 1:
+            out.append("one thread")
+        return out
+
+    def eager_variant(self, name: str) -> dict:
+        fn, args = _copy(self.fn), self.make()
+        if name == "channels-last":
+            if isinstance(fn, torch.nn.Module):
+                fn = fn.to(memory_format=torch.channels_last)
+            args = [x.detach().contiguous(memory_format=torch.channels_last).requires_grad_(
+                x.requires_grad) if torch.is_tensor(x) and x.dim() == 4 else x for x in args]
+            return dict(_values(_run(fn, None, args, self.seed, tangent_dtypes=self.tangent_dtypes)))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return dict(_values(_run(fn, None, args, self.seed,
+                                     tangent_dtypes=self.tangent_dtypes)))
+        finally:
+            torch.set_num_threads(threads)
+
+    def _ref_run(self) -> RunResult:
+        return _run(_copy(self.fn), None, [_clone(x, torch.float64) for x in self.make()],
+                    self.seed, cast=torch.float64, tangent_dtypes=self.tangent_dtypes)
+
+    def record(self, low_precision: bool) -> list:
+        if low_precision:
+            return flips.recorded(lambda: _run(_copy(self.fn), None, self.make(), self.seed,
+                                               tangent_dtypes=self.tangent_dtypes))
+        return flips.recorded(self._ref_run)
+
+    def flipped_reference(self, chosen: dict) -> dict:
+        return dict(_values(flips.flipped(self._ref_run, chosen)))
 
 
 def _copy(fn: Callable) -> Callable:

@@ -39,11 +39,14 @@ class Mismatch:
     reason: str
     err_compiled: Optional[float] = None
     err_eager: Optional[float] = None
+    # "mismatch" fails; "eager variant" / "boundary flip" are excused notes (second.py)
+    kind: str = "mismatch"
 
     def __str__(self) -> str:
+        head = f"{self.what}: " if self.kind == "mismatch" else f"{self.what} [{self.kind}]: "
         if self.err_compiled is None:
-            return f"{self.what}: {self.reason}"
-        return (f"{self.what}: {self.reason} (err compiled {self.err_compiled:.3g}, "
+            return head + self.reason
+        return (head + f"{self.reason} (err compiled {self.err_compiled:.3g}, "
                 f"err eager {self.err_eager:.3g})")
 
 
