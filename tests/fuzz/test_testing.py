@@ -89,7 +89,7 @@ def test_compare_exact_properties():
 
 class _WrongGrads:
     """The aten backend with every backward graph's results scaled by 1.01."""
-    name = "aten"
+    name, target = "aten", codegen.ATEN
 
     def __init__(self, *args):  # whatever the registry passes (config), for the inner backend
         self.args = args
@@ -225,7 +225,7 @@ class _ShiftedRelu:
     """The aten backend with every relu(x) computed as relu(x - SHIFT): an evaluation whose
     rounding put inputs within SHIFT of 0 on the other side (forward and backward alike).
     `scale` also multiplies the backward's results (a planted wrong kernel)."""
-    name = "aten"
+    name, target = "aten", codegen.ATEN
     SHIFT, scale = 2 ** -20, 1.0
 
     def __init__(self, *args):

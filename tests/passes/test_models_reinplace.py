@@ -27,7 +27,7 @@ def _grads(name: str, dtype: torch.dtype, compiled: bool, monkeypatch=None):
         real = pipeline.run_passes
 
         def spy(gm, passes, **kw):
-            before = copy_gm(gm) if passes is not pipeline.JOINT_PASSES else None
+            before = copy_gm(gm) if list(passes) != list(pipeline.JOINT_PASSES) else None
             out = real(gm, passes, **kw)
             if before is not None:
                 captured.append((before, out))
