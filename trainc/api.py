@@ -81,6 +81,12 @@ class Explanation:
         return sum(g.chunked_losses for g in self.graphs)
 
     @property
+    def sdpa_rewrites(self) -> int:
+        """SDPA calls given is_causal for a constant causal mask or enable_gqa for repeated
+        KV heads (Config.sdpa_rewrite)."""
+        return sum(g.sdpa_rewrites for g in self.graphs)
+
+    @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
 
@@ -105,6 +111,9 @@ class Explanation:
         if self.chunked_losses:
             text += (f"loss: {self.chunked_losses} LM-head cross-entropy(ies) computed in row "
                      "chunks (chunk_loss)\n")
+        if self.sdpa_rewrites:
+            text += (f"attention: {self.sdpa_rewrites} scaled_dot_product_attention call(s) made "
+                     "causal (constant causal mask) or GQA (repeated KV heads) (sdpa_rewrite)\n")
         if self.fallback_ops:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         for b in self.graph_breaks:

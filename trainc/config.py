@@ -112,6 +112,9 @@ class Config:
     # trace explicit softmax(q @ k^T * s [causal mask]) @ v as scaled_dot_product_attention
     # (trainc/attention.py): its extern kernels never store the T x T scores
     fuse_attention: bool = True
+    # scaled_dot_product_attention with a constant causal mask -> is_causal, and with repeated
+    # KV heads -> enable_gqa (trainc/sdpa_rewrite.py): SDPA's causal kernels instead of masked ones
+    sdpa_rewrite: bool = True
     # trace F.cross_entropy of a large linear's output (an LM head) as the linear and the loss
     # in row chunks (trainc/chunked_loss.py), so that a memory budget can recompute the logits
     # one chunk at a time in the backward. None: on when a memory budget below 1.0 is set.

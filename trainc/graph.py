@@ -81,6 +81,7 @@ class JointGraph:
     signature: GraphSignature
     attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
     chunked_losses: int = 0  # LM-head cross-entropies traced in row chunks (trainc/chunked_loss.py)
+    sdpa_rewrites: int = 0  # SDPA calls made causal / GQA (trainc/sdpa_rewrite.py)
 
 
 def val(node: fx.Node) -> Optional[torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import artifact_cache, chunked_loss, debug, records
+from trainc import artifact_cache, chunked_loss, debug, records, sdpa_rewrite
 from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
                             get_backend, target_for)
@@ -69,9 +69,10 @@ def no_cyclic_gc():
 def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], training: bool,
              config: Config, gid: int, t0: float) -> tuple[Artifact, records.GraphRecord]:
     dump = debug.Dumper(config, gid)
+    sdpa = sdpa_rewrite.rewrite(gm) if config.sdpa_rewrite else 0
     chunked = chunked_loss.rewrite(gm) if config.chunk_loss and training else 0
     joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
-    joint = dataclasses.replace(joint, chunked_losses=chunked, gm=joint_passes(
+    joint = dataclasses.replace(joint, chunked_losses=chunked, sdpa_rewrites=sdpa, gm=joint_passes(
         joint.gm, dump, "00_joint.py", "joint graph after functionalization", config))
     device = _device(args)
     config, backend = backend_for(config, device, convolutions=_convolutions(joint.gm))

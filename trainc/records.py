@@ -35,6 +35,7 @@ class GraphRecord:
     passes: tuple = ()
     attention_rewrites: int = 0  # explicit attentions traced as SDPA (trainc/attention.py)
     chunked_losses: int = 0  # LM-head cross-entropies in row chunks (trainc/chunked_loss.py)
+    sdpa_rewrites: int = 0  # SDPA calls made causal / GQA (trainc/sdpa_rewrite.py)
     # the artifact cache: "hit", or "miss (why; nearest entry differs in: ...); stored", "off ..."
     cache: str = ""
 
@@ -54,7 +55,8 @@ class GraphRecord:
             fallback_ops=tuple(sorted({op for c in compiled for op in c.fallback_ops})),
             compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
             passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm),
-            attention_rewrites=joint.attention_rewrites, chunked_losses=joint.chunked_losses)
+            attention_rewrites=joint.attention_rewrites, chunked_losses=joint.chunked_losses,
+            sdpa_rewrites=joint.sdpa_rewrites)
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "
@@ -63,6 +65,7 @@ class GraphRecord:
                 + (f" attention_rewrites={self.attention_rewrites}" if self.attention_rewrites
                    else "")
                 + (f" chunked_losses={self.chunked_losses}" if self.chunked_losses else "")
+                + (f" sdpa_rewrites={self.sdpa_rewrites}" if self.sdpa_rewrites else "")
                 + (f" cache={self.cache}" if self.cache else ""))
 
 
