@@ -1,11 +1,12 @@
 """scaled_dot_product_attention calls made cheaper in the captured graph, before tracing.
 
-1. A constant causal mask becomes `is_causal=True`. Models that build their causal mask as a
-   tensor while compiled (Hugging Face before 5.24 never skips it under torch.compile) call
-   `F.scaled_dot_product_attention(q, k, v, attn_mask=M)`, and SDPA then runs its masked
-   kernels. When M depends on no graph input, its value is computed here once; when it is
-   exactly the top-left causal mask (bool `tril`, or 0 / -inf) for every batch and head, the
-   call drops it for `is_causal=True`: the same attention weights.
+1. A constant causal mask becomes `is_causal=True`, a constant mask that masks nothing is
+   dropped. Models that build their mask as a tensor while compiled (Hugging Face before 5.24
+   never skips it under torch.compile) call `F.scaled_dot_product_attention(q, k, v,
+   attn_mask=M)`, and SDPA then runs its masked kernels. When M depends on no graph input, its
+   value is computed here once; when it is exactly the top-left causal mask (bool `tril`, or
+   0 / -inf) for every batch and head, the call drops it for `is_causal=True`, and when it is
+   all True (all 0.0) the call drops it: the same attention weights.
 2. Repeated KV heads become `enable_gqa=True` in a call without a mask: `k[:, :, None]
    .expand(B, KV, R, S, D).reshape(B, KV * R, S, D)` (repeat_kv) is head h reading KV head
    h // R, which is what `enable_gqa` means, so the call reads k itself.
@@ -54,32 +55,38 @@ def _causal(gm: fx.GraphModule, node: fx.Node, masks: dict) -> bool:
     if not isinstance(mask, fx.Node) or args.get("is_causal", False):
         return False
     if mask not in masks:
-        masks[mask] = _is_causal_mask(gm, mask, _example(args["query"]), _example(args["key"]))
-    if not masks[mask]:
+        masks[mask] = _mask_kind(gm, mask, _example(args["query"]), _example(args["key"]))
+    if masks[mask] is None:
         return False
-    _set(node, attn_mask=None, is_causal=True)
+    _set(node, attn_mask=None, is_causal=masks[mask] == "causal")
     return True
 
 
-def _is_causal_mask(gm: fx.GraphModule, mask: fx.Node, q, k) -> bool:
-    """`mask` computes the top-left causal mask of q and k from no graph input."""
+def _mask_kind(gm: fx.GraphModule, mask: fx.Node, q, k) -> Optional[str]:
+    """"causal" where `mask` computes the top-left causal mask of q and k from no graph input,
+    "none" where it masks nothing (all True, or all 0.0), else None."""
     if q is None or k is None:
-        return False
+        return None
     value = _constant_value(gm, mask)
     if not isinstance(value, torch.Tensor) or value.dim() > q.dim():
-        return False
+        return None
     shape = (*q.shape[:-1], k.shape[-2])  # the scores' shape, [..., L, S]
-    if tuple(value.shape[-2:]) != shape[-2:] or \
-            torch.broadcast_shapes(value.shape, shape) != torch.Size(shape):
-        return False
+    try:
+        if torch.broadcast_shapes(value.shape, shape) != torch.Size(shape):
+            return None
+    except RuntimeError:
+        return None
+    visible = value if value.dtype == torch.bool else value == 0 \
+        if value.dtype.is_floating_point else None
+    if visible is None or not (value.dtype == torch.bool or
+                               bool((visible | (value == float("-inf"))).all())):
+        return None  # a float bias other than 0 / -inf
+    if bool(visible.all()):
+        return "none"
     causal = torch.ones(shape[-2:], dtype=torch.bool, device=value.device).tril()
-    if value.dtype == torch.bool:
-        return bool((value == causal).all())
-    if value.dtype.is_floating_point:
-        bias = torch.zeros(causal.shape, dtype=value.dtype, device=value.device)
-        bias = bias.masked_fill(~causal, float("-inf"))
-        return bool((value == bias).all())
-    return False
+    if tuple(value.shape[-2:]) == shape[-2:] and bool((visible == causal).all()):
+        return "causal"
+    return None
 
 
 def _constant_value(gm: fx.GraphModule, node: fx.Node):

@@ -21,6 +21,8 @@ def _mask(kind: str, s: int, batch: int = B) -> torch.Tensor:
     if kind == "float":
         return torch.zeros(s, s).masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(),
                                              float("-inf"))
+    if kind == "ones":  # a padding mask without padding
+        return torch.ones(batch, 1, s, s, dtype=torch.bool)
     if kind == "shifted":  # sees one position ahead: not SDPA's causal mask
         return (kv <= q + 1).expand(batch, -1, s, s)
     raise ValueError(kind)
@@ -58,8 +60,8 @@ def _rewrites(model, *args, **options) -> int:
     return sum(r.sdpa_rewrites for r in recs)
 
 
-@pytest.mark.parametrize("kind", ["bool", "float"])
-def test_a_constant_causal_mask_becomes_is_causal(kind):
+@pytest.mark.parametrize("kind", ["bool", "float", "ones"])
+def test_a_constant_causal_mask_becomes_is_causal_and_an_empty_one_goes(kind):
     torch.manual_seed(0)
     model = Attention(mask=kind)
     assert _rewrites(model, _x()) == 1
