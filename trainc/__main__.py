@@ -69,6 +69,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep.add_argument("--device", default="cpu")
     rep.add_argument("--budgets", nargs="+", default=["none", "1.0", "0.75", "0.5", "0.25",
                                                       "0.1", "0.0"])
+    rep.add_argument("--torch-budgets", nargs="*", default=None, type=float,
+                     help="torch.compile at these activation_memory_budget values beside "
+                          "trainc's (default on cuda: 1.0 0.5 0.0; on cpu: none)")
     rep.add_argument("--out", default="trainc_report")
     rep.add_argument("--steps", type=int, default=5)
     rep.add_argument("--backend", default="auto")
@@ -84,8 +87,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model, inputs, loss_fn = load_workload(args.workload, args.device, args.suite)
     budgets = [parse_budget(b) for b in args.budgets]
     name = args.workload.replace(":", "_").replace(".", "_")
+    torch_budgets = args.torch_budgets if args.torch_budgets is not None else \
+        (1.0, 0.5, 0.0) if args.device == "cuda" else ()
     result = report.tradeoff(model, inputs, loss_fn, budgets, name=name, steps=args.steps,
-                             out_dir=args.out, backend=args.backend)
+                             out_dir=args.out, backend=args.backend, torch_budgets=torch_budgets)
     print(result.table())
     print(f"wrote {args.out}/{name}_tradeoff.csv, .json, .png")
     return 0

@@ -1,5 +1,8 @@
 """Memory / recompute trade-off report: one compile per memory budget, then measured peak memory
 and step time. `tradeoff(model, inputs, loss_fn)` -> Tradeoff (table, CSV, JSON, PNG plot).
+`torch_budgets=(1.0, 0.0)` adds torch.compile at those values of PyTorch's
+`activation_memory_budget`, measured the same way in the same run, and whether trainc's points
+dominate PyTorch's (for each of its points, a trainc point no slower and no larger).
 
 Peak memory is measured, not estimated: CUDA uses torch.cuda.max_memory_allocated; CPU sums the
 c10 allocator's alloc/free events recorded by torch.profiler (profile_memory=True).
@@ -38,7 +41,8 @@ class TradeoffRow:
     simulated_peak: int  # the partitioner's liveness estimate (summed over graphs)
     peak_bytes: int  # measured
     step_ms: float  # measured median of forward + loss + backward
-    pareto: bool = False  # not dominated in (peak_bytes, step_ms)
+    pareto: bool = False  # not dominated in (peak_bytes, step_ms) by the same compiler's rows
+    compiler: str = "trainc"  # or "torch.compile" (its partition counts are not known: 0)
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,30 @@ class Tradeoff:
     rows: tuple[TradeoffRow, ...]
 
     def table(self) -> str:
-        head = ("budget", "saved MiB", "recompute MFLOP", "sim peak MiB", "peak MiB",
+        head = ("compiler", "budget", "saved MiB", "recompute MFLOP", "sim peak MiB", "peak MiB",
                 "step ms", "pareto")
-        rows = [head] + [(r.budget, f"{r.saved_bytes / 2**20:.3f}",
+        rows = [head] + [(r.compiler, r.budget, f"{r.saved_bytes / 2**20:.3f}",
                           f"{r.recompute_flops / 1e6:.1f}", f"{r.simulated_peak / 2**20:.3f}",
                           f"{r.peak_bytes / 2**20:.3f}", f"{r.step_ms:.2f}",
                           "*" if r.pareto else "") for r in self.rows]
-        return (f"{self.model} on {self.device}; peak memory: {self.memory_method}\n"
+        text = (f"{self.model} on {self.device}; peak memory: {self.memory_method}\n"
                 + records.format_table(rows))
+        undominated = self.undominated_torch_rows()
+        if undominated is not None:
+            text += ("trainc dominates torch.compile's points\n" if not undominated else
+                     "torch.compile points no trainc point matches (<= its peak and step ms): "
+                     + ", ".join(r.budget for r in undominated) + "\n")
+        return text
+
+    def undominated_torch_rows(self) -> Optional[list[TradeoffRow]]:
+        """torch.compile's rows with no trainc row at <= their peak and <= their step time
+        (None: the report has no torch.compile rows)."""
+        ours = [r for r in self.rows if r.compiler == "trainc"]
+        theirs = [r for r in self.rows if r.compiler != "trainc"]
+        if not theirs:
+            return None
+        return [t for t in theirs if not any(o.peak_bytes <= t.peak_bytes and
+                                             o.step_ms <= t.step_ms for o in ours)]
 
     def __str__(self) -> str:
         return self.table()
@@ -82,14 +102,19 @@ class Tradeoff:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6, 4))
-        xs = [r.peak_bytes / 2**20 for r in self.rows]
-        ys = [r.step_ms for r in self.rows]
-        ax.scatter(xs, ys, color="tab:gray", label="budgets")
-        for r, x, y in zip(self.rows, xs, ys):
-            ax.annotate(r.budget, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        front = sorted((r for r in self.rows if r.pareto), key=lambda r: r.peak_bytes)
-        ax.plot([r.peak_bytes / 2**20 for r in front], [r.step_ms for r in front], "o-",
-                color="tab:red", label="Pareto frontier")
+        for compiler, color in (("trainc", "tab:red"), ("torch.compile", "tab:blue")):
+            rows = [r for r in self.rows if r.compiler == compiler]
+            if not rows:
+                continue
+            xs = [r.peak_bytes / 2**20 for r in rows]
+            ys = [r.step_ms for r in rows]
+            ax.scatter(xs, ys, color="tab:gray")
+            for r, x, y in zip(rows, xs, ys):
+                ax.annotate(r.budget, (x, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8)
+            front = sorted((r for r in rows if r.pareto), key=lambda r: r.peak_bytes)
+            ax.plot([r.peak_bytes / 2**20 for r in front], [r.step_ms for r in front], "o-",
+                    color=color, label=f"{compiler} Pareto frontier")
         ax.set_xlabel("measured peak memory (MiB)")
         ax.set_ylabel("step time (ms)")
         ax.set_title(f"{self.model}: memory vs step time ({self.device})")
@@ -102,17 +127,25 @@ class Tradeoff:
 def tradeoff(model: torch.nn.Module, inputs: Sequence, loss_fn: Callable,
              budgets: Sequence = DEFAULT_BUDGETS, *, name: str = "model", steps: int = 5,
              out_dir: Optional[str] = None, progress: bool = True,
-             **compile_options: Any) -> Tradeoff:
-    """Compile `model` once per budget; `loss_fn(output, inputs)` gives the scalar loss."""
+             torch_budgets: Sequence[float] = (), **compile_options: Any) -> Tradeoff:
+    """Compile `model` once per budget; `loss_fn(output, inputs)` gives the scalar loss.
+    `torch_budgets`: torch.compile at these `activation_memory_budget` values too."""
+    for b in torch_budgets:
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b <= 1:
+            raise ValueError(f"trainc.report: torch_budgets takes fractions in [0, 1] "
+                             f"(PyTorch's activation_memory_budget), got {b!r}")
     device = _device(model, inputs)
+    runs = [("trainc", b) for b in budgets] + [("torch.compile", float(b)) for b in torch_budgets]
     rows = []
-    for i, budget in enumerate(budgets):
+    for i, (compiler, budget) in enumerate(runs):
         if progress:
-            print(f"[tradeoff {name}] budget {i + 1}/{len(budgets)}: {budget!r} ...",
+            print(f"[tradeoff {name}] {i + 1}/{len(runs)}: {compiler} budget {budget!r} ...",
                   file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            rows.append(_measure(model, inputs, loss_fn, budget, device, steps, compile_options))
+            rows.append(_measure(model, inputs, loss_fn, budget, device, steps, compile_options)
+                        if compiler == "trainc" else
+                        _measure_torch(model, inputs, loss_fn, budget, device, steps))
         except _partition.BudgetError as e:
             print(f"[tradeoff {name}] skipped budget {budget!r}: {e}", file=sys.stderr)
             continue
@@ -121,7 +154,9 @@ def tradeoff(model: torch.nn.Module, inputs: Sequence, loss_fn: Callable,
             print(f"[tradeoff {name}]   peak {r.peak_bytes / 2**20:.2f} MiB, step "
                   f"{r.step_ms:.2f} ms ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     method = CUDA_METHOD if device.type == "cuda" else CPU_METHOD
-    result = Tradeoff(name, str(device), method, tuple(_mark_pareto(rows)))
+    result = Tradeoff(name, str(device), method, tuple(
+        _mark_pareto([r for r in rows if r.compiler == "trainc"]) +
+        _mark_pareto([r for r in rows if r.compiler != "trainc"])))
     if out_dir is not None:
         result.write(out_dir)
     return result
@@ -133,6 +168,27 @@ def _measure(model, inputs, loss_fn, budget, device, steps, options) -> Tradeoff
     fn = _compile(m, memory_budget=budget, **options)
     with records.recording() as recs, _partition.observing() as parts:
         _step(fn, m, inputs, loss_fn)
+    peak, ms = _peak_and_time(fn, m, inputs, loss_fn, device, steps)
+    sim = sum(p.memory.peak for p in parts if p.memory is not None)
+    return TradeoffRow(str(budget), sum(r.saved_bytes for r in recs),
+                       sum(r.recompute_flops for r in recs), sim, peak, ms)
+
+
+def _measure_torch(model, inputs, loss_fn, budget: float, device, steps) -> TradeoffRow:
+    """torch.compile (Inductor) with PyTorch's activation_memory_budget, which its partitioner
+    reads when the graph compiles: a fresh Dynamo cache, the first step under the setting."""
+    import torch._functorch.config as functorch_config
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    fn = torch.compile(m)
+    with functorch_config.patch(activation_memory_budget=budget):
+        _step(fn, m, inputs, loss_fn)
+    peak, ms = _peak_and_time(fn, m, inputs, loss_fn, device, steps)
+    return TradeoffRow(str(budget), 0, 0, 0, peak, ms, compiler="torch.compile")
+
+
+def _peak_and_time(fn, m, inputs, loss_fn, device, steps) -> tuple[int, float]:
+    """The measured peak of one step and the median ms of `steps` more."""
     _clear_grads(m)  # outside the measured region: the step's own gradients count in its peak
     peak = peak_bytes(lambda: _step(fn, m, inputs, loss_fn, clear=False), device)
     times = []
@@ -142,9 +198,7 @@ def _measure(model, inputs, loss_fn, budget, device, steps, options) -> Tradeoff
         _step(fn, m, inputs, loss_fn)
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    sim = sum(p.memory.peak for p in parts if p.memory is not None)
-    return TradeoffRow(str(budget), sum(r.saved_bytes for r in recs),
-                       sum(r.recompute_flops for r in recs), sim, peak, statistics.median(times))
+    return peak, statistics.median(times)
 
 
 def _clear_grads(model) -> None:

@@ -3,6 +3,7 @@ import csv
 import json
 import os
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -59,3 +60,32 @@ def test_cli_runs_a_module_callable(tmp_path, capsys):
     assert code == 0
     assert "step ms" in capsys.readouterr().out
     assert (tmp_path / "test_report_tiny_tradeoff.png").exists()
+
+
+def test_tradeoff_measures_torch_compile_beside(tmp_path):
+    model, inputs, loss_fn = tiny()
+    result = report.tradeoff(model, inputs, loss_fn, budgets=(None, 0.0), name="tiny", steps=1,
+                             out_dir=str(tmp_path), progress=False, backend="aten",
+                             torch_budgets=(0.0,))
+    assert [(r.compiler, r.budget) for r in result.rows] == [
+        ("trainc", "None"), ("trainc", "0.0"), ("torch.compile", "0.0")]
+    torch_row = result.rows[2]
+    assert torch_row.peak_bytes > 0 and torch_row.step_ms > 0 and torch_row.pareto
+    assert "torch.compile" in result.table()
+    assert json.load(open(tmp_path / "tiny_tradeoff.json"))["rows"][2]["compiler"] == \
+        "torch.compile"
+    with pytest.raises(ValueError, match="activation_memory_budget"):
+        report.tradeoff(model, inputs, loss_fn, budgets=(None,), torch_budgets=(2.0,))
+
+
+def test_domination_of_torch_compile_points():
+    def row(compiler, budget, peak, ms):
+        return report.TradeoffRow(budget, 0, 0, 0, peak, ms, compiler=compiler)
+    ours = [row("trainc", "None", 100, 1.0), row("trainc", "0.0", 50, 2.0)]
+    dominated = report.Tradeoff("m", "cpu", "", tuple(ours + [row("torch.compile", "0.0", 60, 2.5)]))
+    assert dominated.undominated_torch_rows() == []
+    assert "trainc dominates" in dominated.table()
+    beaten = row("torch.compile", "0.5", 70, 1.5)  # smaller than None, faster than 0.0
+    mixed = report.Tradeoff("m", "cpu", "", tuple(ours + [beaten]))
+    assert mixed.undominated_torch_rows() == [beaten] and "0.5" in mixed.table().splitlines()[-1]
+    assert report.Tradeoff("m", "cpu", "", tuple(ours)).undominated_torch_rows() is None
