@@ -11,7 +11,8 @@
    .expand(B, KV, R, S, D).reshape(B, KV * R, S, D)` (repeat_kv) is head h reading KV head
    h // R, which is what `enable_gqa` means, so the call reads k itself.
 
-`Config.sdpa_rewrite` turns both off; `explain()` reports the count (`sdpa_rewrites`).
+Not in compile_step, which traces without Dynamo on fake tensors (a mask's value is not known
+there). `Config.sdpa_rewrite` turns both off; `explain()` reports the count (`sdpa_rewrites`).
 """
 from __future__ import annotations
 
@@ -55,20 +56,21 @@ def _causal(gm: fx.GraphModule, node: fx.Node, masks: dict) -> bool:
     if not isinstance(mask, fx.Node) or args.get("is_causal", False):
         return False
     if mask not in masks:
-        masks[mask] = _mask_kind(gm, mask, _example(args["query"]), _example(args["key"]))
+        masks[mask] = mask_kind(_constant_value(gm, mask), _example(args["query"]),
+                                _example(args["key"]))
     if masks[mask] is None:
         return False
     _set(node, attn_mask=None, is_causal=masks[mask] == "causal")
     return True
 
 
-def _mask_kind(gm: fx.GraphModule, mask: fx.Node, q, k) -> Optional[str]:
-    """"causal" where `mask` computes the top-left causal mask of q and k from no graph input,
-    "none" where it masks nothing (all True, or all 0.0), else None."""
-    if q is None or k is None:
+def mask_kind(value, q, k) -> Optional[str]:
+    """For a mask `value` of SDPA(q, k): "causal" where it is the top-left causal mask for every
+    batch and head, "none" where it masks nothing (all True, or all 0.0), else None."""
+    if q is None or k is None or not isinstance(value, torch.Tensor) or \
+            isinstance(value, torch._subclasses.FakeTensor):
         return None
-    value = _constant_value(gm, mask)
-    if not isinstance(value, torch.Tensor) or value.dim() > q.dim():
+    if value.dim() > q.dim():
         return None
     shape = (*q.shape[:-1], k.shape[-2])  # the scores' shape, [..., L, S]
     try:

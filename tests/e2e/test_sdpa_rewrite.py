@@ -106,3 +106,4 @@ def test_hugging_face_llama_mask_built_while_compiling(monkeypatch):
 
     assert _rewrites(loss, ids) == 2
     assert_grads_match(loss, [ids], backend="aten")
+
