@@ -158,7 +158,7 @@ def cat(ctx, node, tensors, dim=0):
     def fn(idx):
         def piece(k):
             i = list(idx)
-            i[dim] = sympy.Min(sympy.Max(idx[dim] - offsets[k], 0), parts[k].shape[dim] - 1) \
+            i[dim] = _in_bounds(idx[dim], offsets[k], parts[k].shape[dim], out.shape[dim]) \
                 if len(parts) > 1 else idx[dim]
             return cast(parts[k](i), dt)
         e = piece(len(parts) - 1)
@@ -188,6 +188,20 @@ def _cat_equal(parts, dim: int, shape, dtype) -> TensorValue:
     return TensorValue(shape, dtype, fn)
 
 
+def _in_bounds(i, offset: int, size: int, extent: int, step: int = 1):
+    """(i - offset) // step clamped into [0, size - 1], for an index i in [0, extent): only the
+    bounds i can cross are spelled, as unevaluated Max/Min (sympy evaluating them against index
+    expressions was most of a Llama backward's codegen time)."""
+    k = i - offset
+    if offset > 0:
+        k = sympy.Max(k, 0, evaluate=False)
+    if step != 1:
+        k = ir.FloorDiv(k, step)
+    if (extent - 1 - offset) // step > size - 1:
+        k = sympy.Min(k, size - 1, evaluate=False)
+    return k
+
+
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(ctx, node, x, pad, value=0):
     out = node.meta["val"]
@@ -200,7 +214,7 @@ def constant_pad_nd(ctx, node, x, pad, value=0):
         src, conds = list(idx), []
         for d, lo in lows.items():
             size = x.shape[d]
-            src[d] = sympy.Min(sympy.Max(idx[d] - lo, 0), max(size - 1, 0))
+            src[d] = _in_bounds(idx[d], lo, max(size, 1), out.shape[d])
             i = IndexValue(idx[d])
             if lo > 0:
                 conds.append(ir.op("ge", torch.bool, i, Const(lo, torch.int64)))
@@ -223,16 +237,16 @@ def slice_scatter(ctx, node, base, src, dim=0, start=None, end=None, step=1):
     dt = node.meta["val"].dtype
 
     def fn(idx):
-        k = sympy.Max(idx[dim] - start, 0)  # the src position, where idx is in the slice
-        at = list(idx)
-        at[dim] = sympy.Min(ir.FloorDiv(k, step), length - 1)
+        at = list(idx)  # the src position, where idx is in the slice
+        at[dim] = _in_bounds(idx[dim], start, length, base.shape[dim], step)
         i = IndexValue(idx[dim])
         hit = ir.op("and", torch.bool, ir.op("ge", torch.bool, i, Const(start, torch.int64)),
                     ir.op("lt", torch.bool, i, Const(start + (length - 1) * step + 1,
                                                       torch.int64)))
         if step > 1:
             hit = ir.op("and", torch.bool, hit, ir.op("eq", torch.bool, IndexValue(
-                ir.ModIndex(k, step)), Const(0, torch.int64)))
+                ir.ModIndex(sympy.Max(idx[dim] - start, 0, evaluate=False), step)),
+                Const(0, torch.int64)))
         return ir.op("where", dt, hit, cast(src(at), dt), cast(base(idx), dt))
     return TensorValue(tuple(base.shape), dt, fn)
 
