@@ -10,6 +10,7 @@ import torch.fx as fx
 from trainc import debug
 from trainc.codegen import CompiledGraph, KernelInfo
 from trainc.config import Config
+from trainc.decisions import DecisionRecord
 from trainc.graph import GraphSignature, JointGraph
 from trainc.partition import Decision, Partition
 from trainc.passes import STATS
@@ -37,6 +38,14 @@ class GraphRecord:
     chunked_losses: int = 0  # LM-head cross-entropies in row chunks (trainc/chunked_loss.py)
     # the artifact cache: "hit", or "miss (why; nearest entry differs in: ...); stored", "off ..."
     cache: str = ""
+    # trainc/decisions.py: the choices that shape this graph's code, and the check across
+    # ranks ("same on N ranks"; "" when not distributed or off)
+    decision_record: Optional[DecisionRecord] = None
+    rank_check: str = ""
+
+    @property
+    def decision_hash(self) -> str:
+        return self.decision_record.digest if self.decision_record is not None else ""
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -63,7 +72,9 @@ class GraphRecord:
                 + (f" attention_rewrites={self.attention_rewrites}" if self.attention_rewrites
                    else "")
                 + (f" chunked_losses={self.chunked_losses}" if self.chunked_losses else "")
-                + (f" cache={self.cache}" if self.cache else ""))
+                + (f" cache={self.cache}" if self.cache else "")
+                + (f" decisions={self.decision_hash[:12]}" if self.decision_record else "")
+                + (f" ({self.rank_check})" if self.rank_check else ""))
 
 
 def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:
