@@ -147,8 +147,10 @@ def mismatch_message(names: Sequence[str], records: Sequence[Sequence[tuple]]) -
         return f"trainc: ranks disagree on the decision hash of {graphs}, with equal records"
     first = differ[0]
     values = "\n".join(f"  rank {r}: {t.get(first, '<absent>')}" for r, t in enumerate(tables))
+    more = ", ".join(differ[1:6]) + (", ..." if len(differ) > 6 else "")
     return (f"trainc: ranks compiled different code for one graph ({graphs}); first differing "
             f"decision {first!r} ({len(differ)} differ in all):\n{values}\n"
+            + (f"  also: {more}\n" if more else "") +
             "Every rank must make the same partition, budget, fusion and kernel choices, or "
             "their collectives disagree. Give every rank the same options (memory_budget, "
             "backend, ...) and inputs, or turn this check off with check_rank_decisions=False.")

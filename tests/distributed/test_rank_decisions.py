@@ -167,4 +167,20 @@ def test_missing_rank_is_named_not_hung(ran):
     _outcome(ran, "missing")
 
 
+def test_record_names_a_partition_choice():
+    """One process: the records of two budgets, config lines dropped, differ first in a
+    partition choice, and the message names it with each rank's value."""
+    x = torch.randn(6, 8)
+    recs = [trainc.explain(MLP(), x, backend="aten", cache_artifacts=False,
+                           memory_budget=b).graphs[0].decision_record for b in (None, 0.0)]
+    assert recs[0].digest == trainc.explain(MLP(), x, backend="aten", cache_artifacts=False) \
+        .graphs[0].decision_record.digest  # stable: nothing address- or time-dependent
+    items = [tuple(i for i in r.items if not i[0].startswith("config.")) for r in recs]
+    text = decisions.mismatch_message(["graph_0 (train)"] * 2, items)
+    first = text.split("first differing decision '")[1].split("'")[0]
+    assert first.startswith("partition."), text
+    assert f"rank 0: {dict(items[0])[first]}" in text, text
+    assert f"rank 1: {dict(items[1])[first]}" in text, text
+
+
 JOBS = {"same": _same, "planted": _planted, "missing": _missing}
