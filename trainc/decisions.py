@@ -48,7 +48,7 @@ def make(config: Any, inputs: Sequence[tuple[Any, Any]], part: Any,
     """The record of one graph: `config` resolved, `inputs` (kind, example value) pairs,
     `part` its Partition (or None), `graphs` name -> CompiledGraph (None skipped), `passes`
     GraphRecord.passes."""
-    items = [(f"config.{f.name}", repr(getattr(config, f.name)))
+    items = [(f"config.{f.name}", canonical(getattr(config, f.name)))
              for f in dataclasses.fields(config) if f.name not in _NOT_CODE]
     items += [(f"input.{i}", f"{getattr(kind, 'name', kind)} {_value(x)}")
               for i, (kind, x) in enumerate(inputs)]
@@ -62,6 +62,22 @@ def make(config: Any, inputs: Sequence[tuple[Any, Any]], part: Any,
             items += _graph_items(name, g)
     items += [(f"passes.{name}.reinplaced", str(s.reinplaced)) for name, s in passes]
     return DecisionRecord(tuple(items))
+
+
+def canonical(v: Any) -> str:
+    """repr with sets sorted and dataclasses spelled out: a frozenset's order follows string
+    hashes, which differ per process (PYTHONHASHSEED), so repr would differ across ranks."""
+    if isinstance(v, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(canonical, v))) + "}"
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(map(canonical, v)) + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(x)}" for k, x in v.items())) + "}"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        fields = ", ".join(f"{f.name}={canonical(getattr(v, f.name))}"
+                           for f in dataclasses.fields(v))
+        return f"{type(v).__name__}({fields})"
+    return repr(v)
 
 
 def _value(x: Any) -> str:

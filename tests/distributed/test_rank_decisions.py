@@ -61,7 +61,9 @@ def _step(options: dict, rank: int) -> list:
 
 def _same(rank: int) -> None:
     before = decisions.checks
-    recs = _step({"backend": "aten", "memory_budget": 0.0}, rank)
+    # a SavePolicy's frozensets iterate in per-process hash order: its text must not
+    from trainc.partition.policy import SavePolicy
+    recs = _step({"backend": "aten", "memory_budget": 0.0, "policy": SavePolicy()}, rank)
     model = _model()
     compiled = trainc.compile(model, backend="aten", cache_artifacts=False)
     with records.recording() as more:
@@ -181,6 +183,15 @@ def test_record_names_a_partition_choice():
     assert first.startswith("partition."), text
     assert f"rank 0: {dict(items[0])[first]}" in text, text
     assert f"rank 1: {dict(items[1])[first]}" in text, text
+
+
+def test_policy_text_does_not_follow_hash_order():
+    """A SavePolicy's frozensets print sorted: set order follows per-process string hashes."""
+    from trainc.partition.policy import SavePolicy
+    a = SavePolicy(never=frozenset({"aten.gelu", "aten.tanh", "aten.exp", "aten.sin"}))
+    b = SavePolicy(never=frozenset(sorted(a.never, reverse=True)))
+    assert decisions.canonical(a) == decisions.canonical(b)
+    assert "never={'aten.exp', 'aten.gelu', 'aten.sin', 'aten.tanh'}" in decisions.canonical(a)
 
 
 JOBS = {"same": _same, "planted": _planted, "missing": _missing}
