@@ -55,8 +55,13 @@ def make(config: Any, inputs: Sequence[tuple[Any, Any]], part: Any,
     if part is not None:
         items += [("partition.saved_bytes", str(part.saved_bytes)),
                   ("partition.recompute_flops", str(part.recompute_flops))]
+        memory = getattr(part, "memory", None)  # the simulated peak the budget was held to
+        if memory is not None:
+            items.append(("partition.predicted_peak", str(memory.peak)))
         items += [(f"partition.note.{i}", n) for i, n in enumerate(getattr(part, "notes", ()))]
-        items += [(f"partition.{d.name}", f"{d.action} ({d.rule})") for d in part.decisions]
+        # by name: a choice is the same whatever order the partitioner listed it in
+        items += [(f"partition.{d.name}", f"{d.action} ({d.rule})")
+                  for d in sorted(part.decisions, key=lambda d: d.name)]
     for name, g in graphs.items():
         if g is not None:
             items += _graph_items(name, g)
@@ -94,6 +99,10 @@ def _graph_items(name: str, g: Any) -> list[tuple[str, str]]:
         items.append((f"{name}.target", plans[0]))
     items += [(f"{name}.plan.{p.split(':', 1)[0]}", p) for p in plans[1:]]
     items.append((f"{name}.fallbacks", ", ".join(g.fallback_ops)))
+    memory = g.extra.get("memory_plan")  # codegen/memory: its summary and in-place choices
+    if memory is not None:
+        items.append((f"{name}.memory_plan", str(memory).split("\n", 1)[0]))
+        items += [(f"{name}.inplace.{x}", t) for x, t in memory.storage]
     return items
 
 

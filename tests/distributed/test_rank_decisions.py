@@ -185,6 +185,16 @@ def test_record_names_a_partition_choice():
     assert f"rank 1: {dict(items[1])[first]}" in text, text
 
 
+def test_cache_hit_has_the_hash_of_the_compile(tmp_path):
+    """Ranks sharing a cache dir: one compiles and stores, the other hits; same decisions."""
+    x, gs = torch.randn(6, 8), []
+    for _ in range(2):
+        gs.append(trainc.explain(MLP(), x, backend="cpp", cache_dir=str(tmp_path),
+                                 cache_artifacts=True).graphs[0])
+    assert gs[0].cache.startswith("miss") and gs[1].cache == "hit", [g.cache for g in gs]
+    assert gs[0].decision_hash == gs[1].decision_hash != ""
+
+
 def test_policy_text_does_not_follow_hash_order():
     """A SavePolicy's frozensets print sorted: set order follows per-process string hashes."""
     from trainc.partition.policy import SavePolicy
