@@ -77,7 +77,8 @@ def canonical(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "(" + ", ".join(map(canonical, v)) + ")"
     if isinstance(v, dict):
-        return "{" + ", ".join(sorted(f"{canonical(k)}: {canonical(x)}" for k, x in v.items())) + "}"
+        pairs = sorted(f"{canonical(k)}: {canonical(x)}" for k, x in v.items())
+        return "{" + ", ".join(pairs) + "}"
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         fields = ", ".join(f"{f.name}={canonical(getattr(v, f.name))}"
                            for f in dataclasses.fields(v))
