@@ -6,11 +6,12 @@
 from trainc import rng as _rng  # registers torch.ops.trainc.*  # noqa: F401
 from trainc.api import Explanation, compile, explain
 from trainc.config import Config
+from trainc.decisions import RankMismatchError
 from trainc.joint import UnsupportedError
 from trainc import report  # noqa: E402  trainc.report.tradeoff
 from trainc.regions import policy
 from trainc.step import CompiledStep, compile_step
 
 __all__ = ["compile", "compile_step", "explain", "policy", "CompiledStep", "Explanation",
-           "Config", "UnsupportedError"]
+           "Config", "UnsupportedError", "RankMismatchError"]
 __version__ = "0.1.0"

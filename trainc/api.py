@@ -120,6 +120,10 @@ class Explanation:
             text += f"graph break: {b}\n"
         for g in self.graphs:  # the artifact cache: hit, or which key part missed
             text += f"graph_{g.graph_id} cache: {g.cache}\n" if g.cache else ""
+        for g in self.graphs:  # trainc/decisions.py: compared across ranks when distributed
+            text += (f"graph_{g.graph_id} decisions: sha256 {g.decision_hash[:16]}"
+                     + (f" ({g.rank_check})" if g.rank_check else "") + "\n"
+                     if g.decision_record else "")
         text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:

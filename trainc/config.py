@@ -130,6 +130,10 @@ class Config:
     # (every occurrence of that function in passes.JOINT_PASSES / POST_GRAD_PASSES), and graph
     # nodes (by name, in whichever compiled graph holds them) run as ATen calls instead of
     # generated code: one kernel's nodes at a time, to find a wrong kernel.
+    # Under torch.distributed with > 1 rank: compare each compiled graph's decision hash across
+    # the ranks (trainc/decisions.py) and raise RankMismatchError where they differ, before
+    # their collectives disagree or hang. TRAINC_CHECK_RANK_DECISIONS=0: off.
+    check_rank_decisions: bool = True
     skip_passes: tuple[str, ...] = ()
     aten_nodes: tuple[str, ...] = ()
 
@@ -147,6 +151,8 @@ def _env_defaults() -> dict[str, Any]:
         "triton_autotune": os.environ.get("TRAINC_TRITON_AUTOTUNE", "1") not in ("", "0"),
         "triton_fast_launch": os.environ.get("TRAINC_TRITON_FAST_LAUNCH", "1") not in ("", "0"),
         "background_compile": os.environ.get("TRAINC_BACKGROUND_COMPILE", "1") not in ("", "0"),
+        "check_rank_decisions":
+            os.environ.get("TRAINC_CHECK_RANK_DECISIONS", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
         "cudagraphs": {"0": False, "1": True}.get(os.environ.get("TRAINC_CUDAGRAPHS", "")),
     }

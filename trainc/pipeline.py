@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import artifact_cache, chunked_loss, debug, records, sdpa_rewrite
+from trainc import artifact_cache, chunked_loss, debug, decisions, records, sdpa_rewrite
 from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
                             get_backend, target_for)
@@ -39,16 +39,18 @@ def _compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind
         cached, status = artifact_cache.load(key, config)
         if cached is not None:  # compiled by an earlier process: nothing to trace or generate
             art, record = cached
-            records.publish(dataclasses.replace(record, graph_id=gid, cache="hit",
-                                                compile_seconds=time.perf_counter() - t0), config)
+            record = dataclasses.replace(record, graph_id=gid, cache="hit",
+                                         compile_seconds=time.perf_counter() - t0)
+            records.publish(decisions.check_ranks(record, config, decisions.default_group()),
+                            config)
             return art
     with compile_workers(config.backend, _device(args), config, len(gm.graph.nodes)):
         art, record = _compile(gm, args, kinds, training, config, gid, t0)
     if art.expanded is not None:
         art.expanded.cache = (key, config)
     stored = artifact_cache.store(key, art, record, config)
-    records.publish(dataclasses.replace(record, cache=f"{status}; {stored}" if key else status),
-                    config)
+    record = dataclasses.replace(record, cache=f"{status}; {stored}" if key else status)
+    records.publish(decisions.check_ranks(record, config, decisions.default_group()), config)
     return art
 
 
@@ -99,6 +101,9 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
+    record = dataclasses.replace(record, decision_record=decisions.make(
+        config, list(zip(kinds, args)), part,
+        {"fwd": fwd, "bwd": bwd, "bwd_accumulate": bwd_acc}, record.passes))
     if part is not None:
         dump.text("20_partition.txt", records.decision_table(part.decisions))
     dump.compiled("30", "fwd", fwd_gm, fwd, "forward graph" if part else "inference graph")

@@ -10,6 +10,7 @@ import torch.fx as fx
 from trainc import debug
 from trainc.codegen import CompiledGraph, KernelInfo
 from trainc.config import Config
+from trainc.decisions import DecisionRecord
 from trainc.graph import GraphSignature, JointGraph
 from trainc.partition import Decision, Partition
 from trainc.passes import STATS
@@ -38,6 +39,14 @@ class GraphRecord:
     sdpa_rewrites: int = 0  # SDPA calls made causal / GQA (trainc/sdpa_rewrite.py)
     # the artifact cache: "hit", or "miss (why; nearest entry differs in: ...); stored", "off ..."
     cache: str = ""
+    # trainc/decisions.py: the choices that shape this graph's code, and the check across
+    # ranks ("same on N ranks"; "" when not distributed or off)
+    decision_record: Optional[DecisionRecord] = None
+    rank_check: str = ""
+
+    @property
+    def decision_hash(self) -> str:
+        return self.decision_record.digest if self.decision_record is not None else ""
 
     @staticmethod
     def make(gid: int, joint: JointGraph, part: Optional[Partition], fwd_gm: fx.GraphModule,
@@ -66,7 +75,9 @@ class GraphRecord:
                    else "")
                 + (f" chunked_losses={self.chunked_losses}" if self.chunked_losses else "")
                 + (f" sdpa_rewrites={self.sdpa_rewrites}" if self.sdpa_rewrites else "")
-                + (f" cache={self.cache}" if self.cache else ""))
+                + (f" cache={self.cache}" if self.cache else "")
+                + (f" decisions={self.decision_hash[:12]}" if self.decision_record else "")
+                + (f" ({self.rank_check})" if self.rank_check else ""))
 
 
 def pass_stats(**graphs: Optional[fx.GraphModule]) -> tuple:

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainc import artifact_cache, attention, debug, distributed, records, rng
+from trainc import artifact_cache, attention, debug, decisions, distributed, records, rng
 from trainc.codegen import CompiledGraph, compile_workers, prestart_for, target_for
 from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
@@ -167,9 +167,9 @@ class CompiledStep:
         key, cached, status = artifact_cache.lookup_graph(
             gm, flat, sig, ("step", accumulate, recompute), self._graph_config(flat))
         if cached is not None:  # compiled by an earlier process: no passes, partition, codegen
-            records.publish(dataclasses.replace(cached[1], graph_id=gid, cache="hit",
-                                                compile_seconds=time.perf_counter() - t0),
-                            self.config)
+            rec = dataclasses.replace(cached[1], graph_id=gid, cache="hit",
+                                      compile_seconds=time.perf_counter() - t0)
+            records.publish(decisions.check_ranks(rec, self.config, self._group()), self.config)
             return _Compiled(layout, cached[0], sig, accumulate, tangent)
         dump = debug.Dumper(self.config, gid)
         gm = joint_passes(gm, dump, "00_step.py", "whole training step after functionalization",
@@ -187,11 +187,17 @@ class CompiledStep:
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
                                        gm, None, compiled, None, backend.name,
                                        time.perf_counter() - t0)
-        rec = dataclasses.replace(rec, mode="step")
+        rec = dataclasses.replace(rec, mode="step", decision_record=decisions.make(
+            config, [(i.kind, x) for i, x in zip(sig.inputs, flat)], part, {"step": compiled},
+            rec.passes))
         stored = artifact_cache.store_graph(key, compiled, rec, config)
-        records.publish(dataclasses.replace(rec, cache=f"{status}; {stored}" if key else status),
-                        self.config)
+        rec = dataclasses.replace(rec, cache=f"{status}; {stored}" if key else status)
+        records.publish(decisions.check_ranks(rec, self.config, self._group()), self.config)
         return _Compiled(layout, compiled, sig, accumulate, tangent)
+
+    def _group(self):
+        """Where the ranks' decisions are compared: the DDP wrapper's process group."""
+        return self.ddp.process_group if self.ddp is not None else None
 
     def _graph_config(self, flat: list) -> Config:
         """The config with its defaults decided for this step's device and backend
