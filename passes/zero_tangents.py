@@ -83,6 +83,9 @@ def fold_zero_tangents(gm: fx.GraphModule, zero_inputs: Sequence[str]) -> fx.Gra
             continue
         rule = ZERO_RULES.get(node.target) if node.op == "call_function" else None
         result = rule(node, is_zero) if rule is not None else None
+        if result is ZERO and not isinstance(val(node), torch.Tensor) and \
+                any(u.target is not operator.getitem for u in node.users):
+            result = None  # a list of zeros read whole: no dense zeros to stand for it
         if result is ZERO:
             known.add(node)
             name = getattr(node.target, "__name__", str(node.target))

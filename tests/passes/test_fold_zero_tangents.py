@@ -106,3 +106,16 @@ def test_unknown_placeholder_name_is_an_error():
     gm = make_fx(lambda a: a + 1, tracing_mode="fake")(x)
     with pytest.raises(ValueError, match="no placeholders named"):
         fold_zero_tangents(gm, ["nope"])
+
+
+def test_a_list_of_zeros_read_whole_is_kept():
+    """split's list given whole to cat (make_fx unpacks it; another tracer need not)."""
+    gm = make_fx(lambda x, z: torch.cat(z.split(2)) + x, tracing_mode="fake")(x, x.clone())
+    split = next(n for n in gm.graph.nodes if n.target is aten.split.Tensor)
+    cat = next(n for n in gm.graph.nodes if n.target is aten.cat.default)
+    cat.args = (split,)
+    gm.graph.eliminate_dead_code()
+    gm = fold_zero_tangents(gm, ["z_1"])
+    assert {aten.split.Tensor, aten.cat.default} <= _ops(gm)
+    assert gm.meta[ZERO_FOLDS].materialized == ["z_1"]
+    torch.testing.assert_close(gm(x, torch.zeros(4, 8)), x)
