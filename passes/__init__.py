@@ -23,6 +23,7 @@ from trainc.passes.remove_aliases import remove_aliases
 from trainc.passes.remove_dead_code import remove_dead_code
 from trainc.passes.remove_noops import remove_noops
 from trainc.passes.rewrite_patterns import RULES, Rewrite, register_rewrite, rewrite_patterns
+from trainc.passes.zero_tangents import ZERO_FOLDS, ZERO_RULES, fold_zero_tangents
 
 Pass = Callable[[fx.GraphModule], fx.GraphModule]
 STATS = "trainc.pass_stats"  # gm.meta key: PassStats of the last run_passes on that graph

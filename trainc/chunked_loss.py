@@ -9,16 +9,19 @@ vocab logits and their gradient then never exist whole, whatever the partitioner
 linear itself stays where something else reads the logits (a model that returns them). Each
 row's arithmetic is eager's (the same matmul row, log-softmax in the same dtype); the weight
 gradient is summed over chunks in float32. `Config.chunk_loss` turns it on (default: when a
-memory budget is set).
+memory budget is set). compile_step traces without Dynamo: `tracing()` matches the same
+pattern on live calls there.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 # float32 logits per chunk; a loss gets chunked only when it would have at least MIN_CHUNKS
 CHUNK_BYTES = 128 << 20
@@ -50,14 +53,13 @@ def rewrite(gm: fx.GraphModule) -> int:
 
 
 def _match(ce: fx.Node) -> Optional[_Match]:
-    if ce.op != "call_function" or ce.target is not F.cross_entropy or len(ce.args) != 2:
+    if ce.op != "call_function" or ce.target is not F.cross_entropy:
         return None
-    kw = dict(ce.kwargs)
-    ignore_index, reduction = kw.pop("ignore_index", -100), kw.pop("reduction", "mean")
-    if any(kw.pop(k, v) != v for k, v in _CE_KWARGS.items()) or kw or \
-            reduction not in ("mean", "sum") or not isinstance(ignore_index, int):
+    options = _loss_options(ce.args, ce.kwargs)
+    if options is None:
         return None
-    node, dtype = ce.args[0], None
+    ignore_index, reduction = options
+    node, dtype = ce.args[0], None  # walk back from the loss's input to the linear
     while isinstance(node, fx.Node) and node.op == "call_method" and len(node.users) == 1:
         step = _cast(node) if node.target in ("float", "to") else \
             _flatten(node) if node.target in ("view", "reshape", "contiguous") else False
@@ -67,15 +69,35 @@ def _match(ce: fx.Node) -> Optional[_Match]:
         node = node.args[0]
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in _LINEARS):
         return None
-    logits, x = _example(node), _example(ce.args[0])
-    if logits is None or x is None or x.dim() != 2 or x.shape[-1] != logits.shape[-1] or \
-            logits.dim() < 2 or not logits.dtype.is_floating_point:
+    per_chunk = _rows_per_chunk(_example(node), _example(ce.args[0]))
+    if per_chunk is None:
+        return None
+    return _Match(ce, node, dtype, ce.args[1], ignore_index, reduction, per_chunk)
+
+
+def _loss_options(args: tuple, kwargs: dict) -> Optional[tuple[int, str]]:
+    """(ignore_index, reduction) of a cross_entropy(input, target, ...) call that chunking
+    computes exactly; None for any other option."""
+    if len(args) != 2:
+        return None
+    kw = dict(kwargs)
+    ignore_index, reduction = kw.pop("ignore_index", -100), kw.pop("reduction", "mean")
+    if any(kw.pop(k, v) != v for k, v in _CE_KWARGS.items()) or kw or \
+            reduction not in ("mean", "sum") or not isinstance(ignore_index, int):
+        return None
+    return ignore_index, reduction
+
+
+def _rows_per_chunk(logits, x) -> Optional[int]:
+    """Rows per chunk for these logits fed to the loss as x (rows x classes); None when the
+    shapes do not fit the pattern or the logits are too small to chunk."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(x, torch.Tensor) or \
+            x.dim() != 2 or x.shape[-1] != logits.shape[-1] or logits.dim() < 2 or \
+            not logits.dtype.is_floating_point:
         return None
     classes, rows = logits.shape[-1], logits.numel() // logits.shape[-1]
     per_chunk = max(64, CHUNK_BYTES // (4 * classes) // 64 * 64)
-    if rows < MIN_CHUNKS * per_chunk:
-        return None
-    return _Match(ce, node, dtype, ce.args[1], ignore_index, reduction, per_chunk)
+    return per_chunk if rows >= MIN_CHUNKS * per_chunk else None
 
 
 def _cast(node: fx.Node):
@@ -109,6 +131,80 @@ def _replace(g: fx.Graph, m: _Match) -> None:
                                                         m.ignore_index, m.reduction, m.rows))
     m.loss.replace_all_uses_with(loss)
     g.erase_node(m.loss)
+
+
+class _Chunking(TorchFunctionMode):
+    """The pattern on live calls: a tensor F.linear made, and its .float() / .to(dtype) /
+    .view / .reshape / .contiguous(), remember (logits, h, weight, bias, cast); cross_entropy
+    of one runs _chunked_cross_entropy instead. The linear stays if something reads it."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: dict[int, tuple] = {}  # id -> (tensor kept alive, its tag)
+        self.rewrites = 0
+
+    def tag(self, t) -> Optional[tuple]:
+        hit = self.tags.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return hit[1] if hit is not None and hit[0] is t else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.cross_entropy:
+            out = self._loss(args, kwargs)
+            if out is not None:
+                self.rewrites += 1
+                return out
+        out = func(*args, **kwargs)
+        tag = self._follow(func, out, args, kwargs)
+        if tag is not None and isinstance(out, torch.Tensor):
+            self.tags[id(out)] = (out, tag)
+        return out
+
+    def _follow(self, func, out, args, kwargs) -> Optional[tuple]:
+        if func in _LINEARS and len(args) >= 2:
+            return (out, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"),
+                    None)
+        tag, name = self.tag(args[0]) if args else None, getattr(func, "__name__", "")
+        if tag is None:
+            return None
+        if name in ("float", "to"):
+            dtype = _cast_of(args, kwargs, name)
+            return tag[:4] + (dtype,) if dtype is not None else None
+        if name == "contiguous" and len(args) == 1 and not kwargs:
+            return tag
+        if name in ("view", "reshape") and isinstance(out, torch.Tensor) and out.dim() == 2 \
+                and out.shape[-1] == args[0].shape[-1]:
+            return tag
+        return None
+
+    def _loss(self, args, kwargs) -> Optional[torch.Tensor]:
+        options, tag = _loss_options(args, kwargs), self.tag(args[0]) if args else None
+        if options is None or tag is None:
+            return None
+        logits, h, weight, bias, dtype = tag
+        rows = _rows_per_chunk(logits, args[0])
+        if rows is None:
+            return None
+        return _chunked_cross_entropy(h, weight, bias, args[1], dtype, *options, rows)
+
+
+def _cast_of(args, kwargs, name) -> Optional[torch.dtype]:
+    if name == "float":
+        return torch.float32 if len(args) == 1 and not kwargs else None
+    return args[1] if len(args) == 2 and not kwargs and isinstance(args[1], torch.dtype) \
+        else None
+
+
+@contextlib.contextmanager
+def tracing(enabled: bool = True) -> Iterator[Optional[_Chunking]]:
+    """Chunk the LM-head losses computed inside this block (compile_step's trace; None:
+    disabled). The yielded mode's `rewrites` counts them."""
+    if not enabled:
+        yield None
+        return
+    mode = _Chunking()
+    with mode:
+        yield mode
 
 
 def _chunked_cross_entropy(h, weight, bias, target, dtype, ignore_index: int, reduction: str,

@@ -21,8 +21,8 @@ from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
 from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
-                           mark_mutable_inputs, run_passes)
-from trainc.runtime import Artifact, ExpandedBackwards
+                           fold_zero_tangents, mark_mutable_inputs, run_passes)
+from trainc.runtime import ZERO_TANGENT, Artifact, ExpandedBackwards
 
 
 def compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind],
@@ -85,6 +85,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
         if part and config.accumulate_grads is not False and backend.target.accumulates_grads \
         else None
     acc_gm = post_grad(accumulating_backward(part.bwd, plan), None, config) if plan else None
+    functional_bwd = _copy(part.bwd) if part else None  # post_grad reinplaces in place
     bwd_gm = post_grad(part.bwd, None, config) if part else None
     dump.lap("post-grad passes")
     stays = [i.name for i in joint.signature.inputs if i.kind in _STAYS_PUT]
@@ -94,7 +95,8 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
     dump.lap("codegen backward")
     expanded = ExpandedBackwards(functools.partial(
-        _compile_for_tangents, backend, bwd_gm, len(joint.signature.tangents)),
+        _compile_for_tangents, backend, bwd_gm, functional_bwd, len(joint.signature.tangents),
+        config),
         background=config.background_compile and  # where compiles are slow, the GPU busy
         compiles_natively_on_cuda(config.backend, device)) \
         if bwd_gm is not None else None
@@ -164,19 +166,43 @@ def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):
     return generate(backend, bwd_gm, ())
 
 
-def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, n_tangents: int, strides: list):
-    """The backward again, its tangent placeholders (the last ones) given these strides (None:
-    as traced); the saved values keep the layouts _saved_layouts gave them."""
-    tangents = [n for n in bwd_gm.graph.nodes if n.op == "placeholder"][-n_tangents:]
-    traced = [n.meta.get("val") for n in tangents]
+def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, functional: fx.GraphModule,
+                          n_tangents: int, config: Config, layout: list):
+    """The backward again for one tangent layout (runtime.ExpandedBackwards): per tangent None
+    (as traced), its strides (it arrives expanded) or ZERO_TANGENT (nobody differentiated that
+    output: the functional backward is folded with it as a known zero, then post-grad passes
+    as usual). The saved values keep the layouts _saved_layouts gave them."""
+    zeros = [k == ZERO_TANGENT for k in layout]
+    gm = _zero_tangent_backward(functional, n_tangents, zeros, config) if any(zeros) else bwd_gm
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    traced = [n.meta.get("val") for n in placeholders]
     try:
-        for node, val, stride in zip(tangents, traced, strides):
-            if stride is not None:
-                node.meta["val"] = val.new_empty_strided(val.shape, stride)
-        return backend.compile(bwd_gm, _example_inputs(bwd_gm))
+        if gm is not bwd_gm:  # the saved values' layouts, as the forward returns them
+            refs = [n for n in bwd_gm.graph.nodes if n.op == "placeholder"]
+            for node, ref in zip(placeholders, refs):
+                node.meta["val"] = ref.meta.get("val")
+        for node, stride in zip(placeholders[-n_tangents:], layout):
+            if isinstance(stride, tuple):
+                node.meta["val"] = node.meta["val"].new_empty_strided(node.meta["val"].shape,
+                                                                      stride)
+        return backend.compile(gm, _example_inputs(gm))
     finally:
-        for node, val in zip(tangents, traced):
+        for node, val in zip(placeholders, traced):
             node.meta["val"] = val
+
+
+def _zero_tangent_backward(functional: fx.GraphModule, n_tangents: int, zeros: list,
+                           config: Config) -> fx.GraphModule:
+    gm = _copy(functional)
+    tangents = [n for n in gm.graph.nodes if n.op == "placeholder"][-n_tangents:]
+    gm = fold_zero_tangents(gm, [t.name for t, z in zip(tangents, zeros) if z])
+    return post_grad(gm, None, config)
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
 
 
 _CONV_OR_POOL = ("convolution", "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")

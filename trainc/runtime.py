@@ -21,6 +21,9 @@ from trainc.joint import UnsupportedError
 
 # Unused outputs' zero tangents this large in all are passed expanded (see _tangents).
 ZERO_TANGENT_EXPAND_BYTES = 1 << 24
+# An ExpandedBackwards layout entry: that tangent is such a zero, and the backward compiled
+# for it drops what only propagates it (passes/zero_tangents.py)
+ZERO_TANGENT = "zero"
 DOUBLE_BACKWARD_MSG = (
     "trainc: double backward (torch.autograd.grad/backward with create_graph=True) through a "
     "trainc-compiled region is not supported: its compiled backward is not differentiable, so "
@@ -47,7 +50,9 @@ class Artifact:
 class ExpandedBackwards:
     """The backward graph compiled again per layout of its expanded tangents (a stride-0 dim of
     size > 1), so it reads them as they are instead of getting a dense copy: `.contiguous()` of
-    out.sum()'s gradient writes the whole output and, on CPU, page-faults it in.
+    out.sum()'s gradient writes the whole output and, on CPU, page-faults it in. Tangents of
+    outputs nobody differentiated (_tangents) are ZERO_TANGENT in the layout: their variant
+    runs none of the backward ops that only carry that zero (eager skips them too).
 
     With `background` (triton on CUDA, Config.background_compile) a new layout compiles in a
     thread: until it is ready, calls run the traced backward on a dense copy (eager's result
@@ -63,8 +68,10 @@ class ExpandedBackwards:
         self.background = background
         self.graphs: dict[tuple, Any] = {}  # layout -> CompiledGraph, None or a pending Future
 
-    def get(self, tangents: list) -> Optional[CompiledGraph]:
-        key = tuple(tuple(t.stride()) if _expanded(t) else None for t in tangents)
+    def get(self, tangents: list, zeros: Sequence[bool] = ()) -> Optional[CompiledGraph]:
+        zeros = list(zeros) or [False] * len(tangents)
+        key = tuple(ZERO_TANGENT if z else tuple(t.stride()) if _expanded(t) else None
+                    for t, z in zip(tangents, zeros))
         if not any(k is not None for k in key):
             return None
         if key not in self.graphs:
@@ -234,16 +241,17 @@ class _Function(torch.autograd.Function):
         # (kept when the graph is retained), ours are handed over in one list below.
         del tensors
         ctx.maybe_clear_saved_tensors()
-        expandable = art.expanded is not None and art.acc is None
-        tangents = _tangents([grads[t] for t in sig.tangents], ctx.tangent_meta, expandable)
-        bwd = art.expanded.get(tangents) if expandable else None
+        expandable = art.expanded is not None
+        tangents, zeros = _tangents([grads[t] for t in sig.tangents], ctx.tangent_meta,
+                                    expandable)
+        into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, saved + tangents)
+        bwd = art.expanded.get(tangents, zeros) if expandable and not into else None
         if bwd is None:
             tangents = [g.contiguous() for g in tangents]
         args = saved + tangents
         del saved, tangents, grads
         if bwd is not None:
             return (None, *_grads_by_input(sig, bwd.run(args)))
-        into = art.acc and accumulate.targets(ctx, art.acc, ctx.acc_params, args)
         if into:
             results = art.bwd_acc.run(args + into)
             for k, g in zip(art.acc.slots, into):
@@ -254,19 +262,22 @@ class _Function(torch.autograd.Function):
         return (None, *_grads_by_input(sig, results))
 
 
-def _tangents(grads: list, meta: list, expandable: bool) -> list:
+def _tangents(grads: list, meta: list, expandable: bool) -> tuple[list, list]:
     """The backward's tangents, with zeros for outputs nobody differentiated (a model's logits
-    beside its loss, its KV caches). When those zeros are large they are one zero expanded,
-    read through the expanded-tangent backward: dense ones cost their whole size in memory and
-    bandwidth at the start of every backward."""
+    beside its loss, its KV caches), and which of them are such zeros. When those zeros are
+    large they are one zero expanded, read by nothing in the zero-tangent backward
+    (ExpandedBackwards): dense ones cost their whole size in memory and bandwidth at the start
+    of every backward, and the ops they feed run on zeros. Small ones stay dense zeros through
+    the traced backward: a variant costs a compile."""
     unused = sum(math.prod(shape) * dtype.itemsize
                  for g, (shape, dtype, _) in zip(grads, meta) if g is None)
     expand = expandable and unused >= ZERO_TANGENT_EXPAND_BYTES
-    return [g if g is not None else
-            torch.zeros((), dtype=dtype, device=device).expand(shape)
-            if expand and math.prod(shape) > 1 else
-            torch.zeros(shape, dtype=dtype, device=device)
-            for g, (shape, dtype, device) in zip(grads, meta)]
+    tangents = [g if g is not None else
+                torch.zeros((), dtype=dtype, device=device).expand(shape)
+                if expand and math.prod(shape) > 1 else
+                torch.zeros(shape, dtype=dtype, device=device)
+                for g, (shape, dtype, device) in zip(grads, meta)]
+    return tangents, [expand and g is None for g in grads]
 
 
 def _grads_by_input(sig: GraphSignature, results: list) -> list:

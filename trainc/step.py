@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainc import artifact_cache, attention, debug, decisions, distributed, records, rng
+from trainc import (artifact_cache, attention, chunked_loss, debug, decisions, distributed,
+                    records, rng)
 from trainc.codegen import CompiledGraph, compile_workers, prestart_for, target_for
 from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
@@ -184,7 +185,8 @@ class CompiledStep:
         compiled = generate(backend, gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
         dump.compiled("30", "step", gm, compiled, "whole step graph given to the backend")
         dump.codegen(step=compiled)
-        rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites), part,
+        rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites,
+                                                  self._chunked_losses), part,
                                        gm, None, compiled, None, backend.name,
                                        time.perf_counter() - t0)
         rec = dataclasses.replace(rec, mode="step", decision_record=decisions.make(
@@ -259,11 +261,13 @@ class CompiledStep:
             seed = rest[-1]
             with rng.tracing(seed), torch.enable_grad():
                 leaves = [p.detach().requires_grad_(True) for p in params]
-                with attention.tracing(self.config.fuse_attention) as att:
+                with attention.tracing(self.config.fuse_attention) as att, \
+                        chunked_loss.tracing(bool(self.config.chunk_loss)) as chunks:
                     loss = self._loss({n: l for (n, _), l in zip(self.params, leaves)},
                                       {n: b.detach() for (n, _), b in zip(self.buffers, bufs)},
                                       batch)
                 self._attention_rewrites = att.rewrites if att is not None else 0
+                self._chunked_losses = chunks.rewrites if chunks is not None else 0
                 used = [leaves[i] for i in layout.params]
                 seed_grad = rest[0].to(loss.dtype).expand(loss.shape) if tangent else None
                 grads = list(torch.autograd.grad(loss, used, seed_grad))

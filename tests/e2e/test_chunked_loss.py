@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import trainc
 from policy import assert_policy
-from trainc import chunked_loss, partition
+from trainc import chunked_loss, partition, records
 from trainc.config import make_config
 
 V, D = 512, 32
@@ -108,3 +108,40 @@ def test_on_by_default_only_under_a_budget():
     assert make_config(memory_budget=0.5).chunk_loss is True
     assert make_config(memory_budget=1 << 30).chunk_loss is True
     assert make_config(memory_budget=0.0, chunk_loss=False).chunk_loss is False
+
+
+def _step_run(model, batches, compiled, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def loss_fn(m, ids, tgt):
+        out = m(ids, tgt)
+        return out[0] if isinstance(out, tuple) else out
+    if compiled:
+        step = trainc.compile_step(model, loss_fn, opt, backend="aten", **kw)
+    else:
+        def step(*b):
+            loss = loss_fn(model, *b)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+    return [step(*b) for b in batches], model.state_dict()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(returns_logits=True, bias=True)])
+def test_compile_step_chunks_the_loss(kw):
+    """compile_step traces without Dynamo: chunked_loss.tracing matches on live calls."""
+    batches = [_batch() for _ in range(3)]
+    model = LM(**kw)
+    ref = _step_run(copy.deepcopy(model).double(), batches, False)
+    eager = _step_run(copy.deepcopy(model), batches, False)
+    with records.recording() as recs:
+        comp = _step_run(copy.deepcopy(model), batches, True, chunk_loss=True)
+    assert [r.chunked_losses for r in recs] == [1]
+    for i, (c, e, r) in enumerate(zip(comp[0], eager[0], ref[0])):
+        assert_policy(f"loss step {i}", c, e, r)
+    for k in ref[1]:
+        assert_policy(k, comp[1][k], eager[1][k], ref[1][k])
+    with records.recording() as recs:
+        _step_run(copy.deepcopy(model), batches[:1], True, chunk_loss=False)
+    assert [r.chunked_losses for r in recs] == [0]
