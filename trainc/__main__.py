@@ -1,5 +1,6 @@
-"""Command line: `python -m trainc report <suite model | module:callable> [--device cuda]
-[--budgets none 1.0 0.5 0.0] [--out DIR]` (a callable returns (model, inputs, loss_fn)), and
+"""Command line: `python -m trainc report <suite model | zoo:NAME | module:callable> [--device cuda]
+[--dtype bfloat16] [--budgets none 1.0 0.5 0.0] [--torch-budgets 1.0 0.0] [--out DIR]` (a callable
+returns (model, inputs, loss_fn); zoo:NAME is a benchmarks/zoo model, real scale on cuda), and
 `python -m trainc bench [zoo options]` (the model zoo of a source checkout: benchmarks/zoo), and
 `python -m trainc debug DIR` (an index of a TRAINC_DEBUG_DIR dump)."""
 from __future__ import annotations
@@ -37,7 +38,35 @@ def parse_budget(text: str) -> Optional[Union[float, int]]:
     return int(text)
 
 
-def load_workload(spec: str, device: str, suite: str):
+class _ZooStep(torch.nn.Module):
+    """A zoo model called with its batch's tensors in order, returning its own loss."""
+
+    def __init__(self, model: torch.nn.Module, keys: Sequence[str]):
+        super().__init__()
+        self.model, self.keys = model, tuple(keys)
+
+    def forward(self, *tensors):
+        return self.model(**dict(zip(self.keys, tensors))).loss
+
+
+def zoo_workload(name: str, device: str, dtype: torch.dtype):
+    """(model, inputs, loss_fn) of a benchmarks/zoo model: real scale on cuda, tiny elsewhere."""
+    if not os.path.exists(os.path.join(BENCHMARKS, "zoo", "models.py")):
+        raise SystemExit(f"trainc report: no zoo at {os.path.abspath(BENCHMARKS)}/zoo; zoo:NAME "
+                         "runs from a source checkout installed with pip install -e '.[zoo]'")
+    sys.path.insert(0, os.path.abspath(BENCHMARKS))
+    from zoo import models
+    try:
+        case = models.build(name, "real" if device == "cuda" else "tiny", device, dtype)
+    except ValueError as e:
+        raise SystemExit(f"trainc report: {e}") from None
+    keys = list(case.batch)
+    return _ZooStep(case.model, keys), tuple(case.batch[k] for k in keys), lambda out, _: out
+
+
+def load_workload(spec: str, device: str, suite: str, dtype: torch.dtype = torch.float32):
+    if spec.startswith("zoo:"):
+        return zoo_workload(spec[4:], device, dtype)
     if ":" in spec:
         module, attr = spec.split(":", 1)
         factory = getattr(importlib.import_module(module), attr)
@@ -67,6 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep = sub.add_parser("report", help="memory / recompute trade-off report")
     rep.add_argument("workload", help="suite model name or module:callable")
     rep.add_argument("--device", default="cpu")
+    rep.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                     help="zoo:NAME models only")
     rep.add_argument("--budgets", nargs="+", default=["none", "1.0", "0.75", "0.5", "0.25",
                                                       "0.1", "0.0"])
     rep.add_argument("--torch-budgets", nargs="*", default=None, type=float,
@@ -84,7 +115,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from trainc import report
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("trainc report: --device cuda but CUDA is not available")
-    model, inputs, loss_fn = load_workload(args.workload, args.device, args.suite)
+    model, inputs, loss_fn = load_workload(args.workload, args.device, args.suite,
+                                           getattr(torch, args.dtype))
     budgets = [parse_budget(b) for b in args.budgets]
     name = args.workload.replace(":", "_").replace(".", "_")
     torch_budgets = args.torch_budgets if args.torch_budgets is not None else \

@@ -89,3 +89,15 @@ def test_domination_of_torch_compile_points():
     mixed = report.Tradeoff("m", "cpu", "", tuple(ours + [beaten]))
     assert mixed.undominated_torch_rows() == [beaten] and "0.5" in mixed.table().splitlines()[-1]
     assert report.Tradeoff("m", "cpu", "", tuple(ours)).undominated_torch_rows() is None
+
+
+def test_cli_runs_a_zoo_model(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    code = main(["report", "zoo:gpt2", "--budgets", "none", "0.0", "--steps", "1",
+                 "--out", str(tmp_path), "--backend", "aten", "--torch-budgets"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "step ms" in out and "torch.compile" not in out
+    assert os.path.exists(tmp_path / "zoo_gpt2_tradeoff.csv")
+    with pytest.raises(SystemExit, match="unknown zoo model"):
+        main(["report", "zoo:nope", "--out", str(tmp_path)])
