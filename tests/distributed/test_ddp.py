@@ -6,19 +6,15 @@ test with the traceback, and a hang fails the tests after TIMEOUT seconds (colle
 after 60 s).
 """
 import copy
-import datetime
-import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.multiprocessing.spawn import ProcessException
 
+import gloo_jobs
 import trainc
 from policy import assert_policy
 from trainc import records
@@ -67,51 +63,15 @@ def loss_fn(model, x, y):
     return F.mse_loss(model(x), y)
 
 
-def _worker(rank: int, store: str, out: str, jobs: list) -> None:
-    """Run the jobs in order; each leaves a file per rank: .ok, or .err with its traceback.
-    A failure ends the worker (its peer may wait in a collective): the parent then stops all."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
-    for job in jobs:
-        try:
-            JOBS[job](rank)
-        except BaseException:
-            with open(os.path.join(out, f"{job}.{rank}.err"), "w") as f:
-                f.write(traceback.format_exc())
-            raise
-        open(os.path.join(out, f"{job}.{rank}.ok"), "w").close()
-    dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> tuple[str, str]:
-    """One pair of processes runs every job (each spawn costs seconds of imports)."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    out = str(tmp)
-    ctx = mp.start_processes(_worker, args=(str(tmp / "store"), out, list(JOBS)),
-                             nprocs=WORLD, join=False, start_method="spawn")
-    try:
-        for _ in range(TIMEOUT):
-            if ctx.join(timeout=1):
-                return out, ""
-        return out, f"the workers did not finish in {TIMEOUT} s"
-    except ProcessException as e:  # join stopped the other workers
-        return out, f"a worker failed:\n{e}"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    """One set of processes runs every job (gloo_jobs.py)."""
+    return gloo_jobs.run("test_ddp", list(JOBS), tmp_path_factory.mktemp("ddp"), WORLD,
+                         TIMEOUT)
 
 
 def _outcome(ran: tuple[str, str], job: str) -> None:
-    out, failure = ran
-    for rank in range(WORLD):
-        err = os.path.join(out, f"{job}.{rank}.err")
-        if os.path.exists(err):
-            pytest.fail(f"rank {rank}:\n" + open(err).read(), pytrace=False)
-    if not all(os.path.exists(os.path.join(out, f"{job}.{r}.ok")) for r in range(WORLD)):
-        pytest.fail(f"{job} did not finish: {failure}", pytrace=False)
+    gloo_jobs.outcome(ran, job, WORLD)
 
 
 def _batches(rank: int, dtype=torch.float32) -> list:

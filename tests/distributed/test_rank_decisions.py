@@ -4,21 +4,18 @@ Identical options: every compiled graph's decision hash is compared and agrees. 
 difference (rank 1 compiles under another memory budget): RankMismatchError on both ranks,
 naming the differing decision, and the group still works after it. A graph only rank 0
 compiles: rank 0 names rank 1 after the store's timeout (shortened here) instead of hanging.
-Harness as in test_ddp.py: one pair of spawned processes runs every job.
+Harness: gloo_jobs.py (one pair of spawned processes runs every job).
 """
 import datetime
-import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.multiprocessing.spawn import ProcessException
 
+import gloo_jobs
 import trainc
 from trainc import decisions, records
 
@@ -113,48 +110,15 @@ def _missing(rank: int) -> None:
     dist.barrier()
 
 
-def _worker(rank: int, store: str, out: str, jobs: list) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
-    for job in jobs:
-        try:
-            JOBS[job](rank)
-        except BaseException:
-            with open(os.path.join(out, f"{job}.{rank}.err"), "w") as f:
-                f.write(traceback.format_exc())
-            raise
-        open(os.path.join(out, f"{job}.{rank}.ok"), "w").close()
-    dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory) -> tuple[str, str]:
-    tmp = tmp_path_factory.mktemp("rank_decisions")
-    out = str(tmp)
-    ctx = mp.start_processes(_worker, args=(str(tmp / "store"), out, list(JOBS)),
-                             nprocs=WORLD, join=False, start_method="spawn")
-    try:
-        for _ in range(TIMEOUT):
-            if ctx.join(timeout=1):
-                return out, ""
-        return out, f"the workers did not finish in {TIMEOUT} s"
-    except ProcessException as e:
-        return out, f"a worker failed:\n{e}"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    """One set of processes runs every job (gloo_jobs.py)."""
+    return gloo_jobs.run("test_rank_decisions", list(JOBS), tmp_path_factory.mktemp("rank_decisions"), WORLD,
+                         TIMEOUT)
 
 
 def _outcome(ran: tuple[str, str], job: str) -> None:
-    out, failure = ran
-    for rank in range(WORLD):
-        err = os.path.join(out, f"{job}.{rank}.err")
-        if os.path.exists(err):
-            pytest.fail(f"rank {rank}:\n" + open(err).read(), pytrace=False)
-    if not all(os.path.exists(os.path.join(out, f"{job}.{r}.ok")) for r in range(WORLD)):
-        pytest.fail(f"{job} did not finish: {failure}", pytrace=False)
+    gloo_jobs.outcome(ran, job, WORLD)
 
 
 def test_same_decisions_are_checked(ran):
