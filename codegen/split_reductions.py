@@ -39,6 +39,11 @@ def split_reductions(g: LoweredGraph) -> LoweredGraph:
     steps, split = [], {}
     for n in g.steps:
         m = next((m for m in (n, _as_two_dims(n)) if _worth(m)), None)
+        if m is None and _columns(n, g) and \
+                math.prod(n.shape) * math.prod(n.rshape) >= COLUMN_MIN_TOTAL:
+            # n itself when its last dim does not divide: then its first reduced dim is the parts
+            m = _in_parts(n, COLUMN_PARTS, COLUMN_MIN_PART)
+            m = m if _worth(m, COLUMN_MIN_ELEMENTS) else None
         if m is None:
             steps.append(n)
             continue
@@ -49,33 +54,58 @@ def split_reductions(g: LoweredGraph) -> LoweredGraph:
     return g
 
 
-def _worth(n) -> bool:
+def _worth(n, min_elements: "int | None" = None) -> bool:
+    min_elements = SPLIT_MIN_ELEMENTS if min_elements is None else min_elements
     return (isinstance(n, ComputeNode) and n.kind == "reduction" and n.reduce_op in SPLIT_OPS
             and len(n.shape) > 0 and len(n.rshape) >= 2 and n.rshape[0] >= SPLIT_MIN_OUTER
             and math.prod(n.shape) <= SPLIT_MAX_OUTPUTS
-            and math.prod(n.rshape) >= SPLIT_MIN_ELEMENTS)
+            and math.prod(n.rshape) >= min_elements)
 
 
 SPLIT_ONE_DIM_PARTS = 64  # a single reduced dim is cut into at most this many parts ...
 SPLIT_ONE_DIM_MIN_PART = 1024  # ... of at least this many elements
+# Column reductions (loads strided along the reduced rows) split from fewer rows: the Llama's
+# RMSNorm weight gradients (8192 token rows into each of 2048 columns) ran looped, one program
+# per few columns, at about 28% of the H200's bandwidth.
+COLUMN_PARTS = 16
+COLUMN_MIN_PART = 512  # reduced elements of a part, at least
+COLUMN_MIN_ELEMENTS = 2048  # reduced elements per output, at least
+COLUMN_MIN_TOTAL = 1 << 20  # elements in all (below that, one launch is cheaper)
 
 
 def _as_two_dims(n):
     """A reduction over one long dim (normact's LayerNorm weight and bias gradients: 65536
-    rows into each of 4096 columns, one program per few columns, 46% of 4.3 TB/s in float32
-    and 25% in bf16 on the H200) as the same reduction over (parts, rows per part), so
-    _split can spread it: r = s * (R / parts) + r' (split_reductions uses it where _worth
-    says so). Other nodes are returned as they are."""
+    rows into each of 4096 columns) as the same reduction over (parts, rows per part), so
+    _split can spread it (split_reductions uses it where _worth says so). Other nodes are
+    returned as they are."""
     if not (isinstance(n, ComputeNode) and n.kind == "reduction" and len(n.rshape) == 1):
         return n
-    total, parts = n.rshape[0], SPLIT_ONE_DIM_PARTS
-    while parts >= SPLIT_MIN_OUTER and (total % parts or total // parts < SPLIT_ONE_DIM_MIN_PART):
+    return _in_parts(n, SPLIT_ONE_DIM_PARTS, SPLIT_ONE_DIM_MIN_PART)
+
+
+def _in_parts(n: ComputeNode, most: int, least: int) -> ComputeNode:
+    """n with its last reduced dim cut in at most `most` parts moved to the front:
+    r_last = s * k + r', each part reducing at least `least` elements; n itself when the dim
+    does not divide so."""
+    total, parts, rest = n.rshape[-1], most, math.prod(n.rshape[:-1])
+    while parts >= SPLIT_MIN_OUTER and (total % parts or rest * (total // parts) < least):
         parts //= 2
     if parts < SPLIT_MIN_OUTER:
         return n
     k, fn = total // parts, n.fn
-    return dataclasses.replace(n, rshape=(parts, k),
-                               fn=lambda i, r: fn(i, [r[0] * k + r[1]]))
+    return dataclasses.replace(n, rshape=(parts, *n.rshape[:-1], k),
+                               fn=lambda i, r: fn(i, [*r[1:-1], r[0] * k + r[-1]]))
+
+
+def _columns(n, g: LoweredGraph) -> bool:
+    """A reduction whose loads run along its outputs (stride 1 in the last output dim), not
+    along its last reduced dim: one program per few outputs would read across the grain."""
+    if not (isinstance(n, ComputeNode) and n.kind == "reduction" and n.reduce_op in SPLIT_OPS
+            and n.shape and n.rshape):
+        return False
+    i, r = g.symbols.ranges("i", n.shape), g.symbols.ranges("r", n.rshape)
+    along = [sympy.sympify(x.index) for x in ir.loads(n.fn(i, r))]
+    return sum(x.diff(i[-1]) == 1 for x in along) > sum(x.diff(r[-1]) == 1 for x in along)
 
 
 def _split(g: LoweredGraph, n: ComputeNode) -> list[ComputeNode]:

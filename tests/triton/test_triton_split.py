@@ -111,6 +111,31 @@ def test_one_long_reduced_dim_splits_into_parts(monkeypatch):
     assert "_part" not in check(lambda g: g.sum(0), g, rtol=1e-4, atol=1e-5).source
 
 
+def test_column_sums_over_few_rows_split_into_parts(monkeypatch):
+    """A weight gradient of a norm (products of [tokens, hidden] tensors summed over the
+    tokens) reads across the grain one program per few columns: it splits its last reduced
+    dim into parts moved to the front (split_reductions._in_parts), or, when that dim does not
+    divide, takes its first reduced dim as the parts. Rows along the contiguous dim do not
+    split. (Thresholds lowered: the defaults start at a million elements.)"""
+    from trainc.codegen import split_reductions as sr
+    for name, value in (("COLUMN_MIN_TOTAL", 1 << 14), ("COLUMN_MIN_ELEMENTS", 256),
+                        ("COLUMN_PARTS", 16), ("COLUMN_MIN_PART", 64)):
+        monkeypatch.setattr(sr, name, value)
+    g, h, x = (_big(4, 128, 32, dtype=torch.bfloat16) for _ in range(3))
+    f = lambda g, h, x: ((g + h) * x).sum((0, 1))
+    c = check(f, g, h, x, rtol=8e-3)
+    # 4 x 128 rows: the last dim in 8 parts of 16, each part reducing 4 x 16 = 64 rows
+    assert re.search(r"empty\(\(8, 32\)", c.source), c.source
+    # 67 rows do not divide: the 8 of the first reduced dim are the parts (ViT's 197 tokens)
+    odd = check(lambda g, x: (g * x).sum((0, 1)), *(_big(8, 67, 32) for _ in range(2)),
+                rtol=1e-4, atol=1e-4)
+    assert re.search(r"empty\(\(8, 32\)", odd.source), odd.source
+    assert "_part" not in check(lambda x: x.sum(-1), _big(64, 512), rtol=1e-4,
+                                atol=1e-4).source
+    monkeypatch.setattr(sr, "COLUMN_MIN_TOTAL", 1 << 40)
+    assert "_part" not in check(f, g, h, x, rtol=8e-3).source
+
+
 def test_variance_after_its_mean_splits_the_parallel_way(monkeypatch):
     """var_mean / batch-norm statistics over many elements: the partials of the sum, of the
     deviations from each part's own mean and of their squares in one kernel, the totals
@@ -130,7 +155,7 @@ def test_variance_after_its_mean_splits_the_parallel_way(monkeypatch):
             errors.setdefault(chan, []).append(
                 ((var.cpu().double() - rv).norm() / rv.norm()).item())
             assert_same(mean.cpu(), rm.float(), 1e-6, 0, "mean")
-            assert len(re.findall(r"K\.kernel\d+\(", c.source)) == (2 if chan else 4)
+            assert len(re.findall(r"K\.kernel\w+\(", c.source)) == (2 if chan else 4)
     assert all(e < 2e-5 for e in errors[True]), errors
     assert all(a <= 1.5 * b for a, b in zip(errors[True], errors[False])), errors
 
