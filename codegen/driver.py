@@ -17,6 +17,7 @@ import torch.fx as fx
 from trainc.codegen import CompiledGraph
 from trainc.codegen.graph import CallNode, LoweredGraph
 from trainc.codegen.memory.inplace import plan_storage
+from trainc.codegen.names import name_kernels
 from trainc.codegen.scheduler import Kernel, Schedule, schedule
 from trainc.codegen.target import Target
 from trainc.codegen.wrapper import write_wrapper
@@ -66,7 +67,7 @@ def generate(backend: Generator, gm: fx.GraphModule, example_inputs: Sequence,
     device = backend.device(gm, example_inputs)
     lowered = backend.lower(gm)
     dumps = {"lowered": str(lowered)} if debug else {}
-    sched = schedule(lowered, **backend.schedule_options)
+    sched = name_kernels(schedule(lowered, **backend.schedule_options))
     foreign = backend.foreign(sched, example_inputs, device)
     plan_storage(sched, foreign)  # in-place results into the buffers they overwrite
     if debug:

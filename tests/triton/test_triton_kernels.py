@@ -1,6 +1,8 @@
 """Every Triton kernel class at small shapes against eager: pointwise (layouts, NaN/Inf, ints),
 each reduction kind (persistent and looped), indirect indexing, scatter, RNG bits, fused norm
 backward siblings, and the per-kernel int64 decision. CPU tensors under TRITON_INTERPRET=1."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -245,7 +247,7 @@ def test_equal_kernels_compile_once():
     c = check(f, torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 16), atol=1e-5)
     src = c.extra["triton"]
     assert len(c.kernels) == 2
-    assert src.count("@triton.jit\ndef kernel") == 1 and "\nkernel1 = kernel0\n" in src
+    assert src.count("@triton.jit\ndef kernel") == 1 and re.search(r"\nkernel1\w* = kernel0\w*\n", src)
 
 
 def test_row_values_stay_in_registers_across_loops():
