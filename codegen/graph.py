@@ -353,6 +353,7 @@ class GraphLowering:
 
     # -- the walk -------------------------------------------------------------------------
     def run(self, lowerings: dict, is_extern: Callable) -> LoweredGraph:
+        self.is_extern = is_extern
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -484,7 +485,7 @@ class GraphLowering:
             self.env[node] = self._realize_scalar(v, e)
         elif ir.size_of(EXPR_LIMIT, e) > EXPR_LIMIT or crosses or node.meta.get(STORE_NOW) or \
                 (len(node.users) > 1 and ir.compute_cost(e) > self._inline_limit(v, e)) or \
-                _broadcast_and_costly(node, v, e):
+                _broadcast_and_costly(node, v, e) or _extern_readers(node, self.is_extern) > 1:
             narrow = None if crosses else self._store_narrow(node, v)
             self.env[node] = narrow if narrow is not None else self.realize(v)
         elif _stored_anyway(node, v):
@@ -593,6 +594,21 @@ def _largest_reader(node: fx.Node, depth: int = 4) -> int:
         if isinstance(val, torch.Tensor):
             most = max(most, val.numel())
     return most
+
+
+def _extern_readers(node: fx.Node, is_extern: Callable, depth: int = 4) -> int:
+    """Readers of `node` (through views) that are ATen calls: inlined, the value is stored once
+    for each of them (a gradient read by two matmuls, one of them through a transpose, was
+    stored twice, once as a transposing copy)."""
+    count = 0
+    for u in node.users:
+        if u.op != "call_function":
+            continue
+        if u.target in functional.VIEW_OPS and depth > 0:
+            count += _extern_readers(u, is_extern, depth - 1)
+        elif isinstance(u.target, torch._ops.OpOverload) and is_extern(u.target):
+            count += 1
+    return count
 
 
 def _crosses(node: fx.Node) -> bool:

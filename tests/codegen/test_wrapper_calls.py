@@ -38,3 +38,17 @@ def test_strided_views_of_extern_arguments_keep_their_offsets():
     c = check(f, torch.randn(8, 8), torch.randn(8, 8), atol=1e-5)
     assert "storage_offset() + 0)" not in c.source  # offset 0: as_strided keeps the base's
     assert "storage_offset() + 18)" in c.source
+
+
+def test_a_value_two_matmuls_read_is_stored_once():
+    """A pointwise value read by two matmuls, one through a transpose (the SwiGLU backward's
+    up-projection gradient: one matmul for the input gradient, one for the weight gradient):
+    stored once in its own layout and passed transposed, not stored again as a transposing
+    copy (graph._extern_readers)."""
+    def f(g, s, w, x):
+        h = g * s.sigmoid()
+        return h @ w, h.t() @ x
+    c = check(f, *(torch.randn(16, 24) for _ in range(2)), torch.randn(24, 8),
+              torch.randn(16, 8), atol=1e-5)
+    assert len(c.kernels) == 1, [k.name for k in c.kernels]
+    assert c.kernels[0].bytes_written == 16 * 24 * 4, c.kernels
