@@ -56,7 +56,7 @@ def test_padded_lm_head_trains_through_each_backend(monkeypatch):
     monkeypatch.setattr(module, "DEVICES", ("cpu",))
     padded = []
     real_pad = module._pad
-    monkeypatch.setattr(module, "_pad", lambda g, n: padded.append(n.name) or real_pad(g, n))
+    monkeypatch.setattr(module, "_pad", lambda g, n, p: padded.append(n.name) or real_pad(g, n, p))
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 50257 // 8, bias=False).to(torch.bfloat16)
     x = torch.randn(2048, 64, dtype=torch.bfloat16)
@@ -73,3 +73,26 @@ def test_padded_lm_head_trains_through_each_backend(monkeypatch):
         loss(trainc.compile(head, backend=backend), x).backward()
         assert_policy(f"{backend} weight grad", head.weight.grad, eager, ref_head.weight.grad)
     assert len(padded) >= 4, padded  # forward, both backward products, for each backend
+
+
+def test_a_transposed_operand_pads_the_tensor_it_transposes_once(monkeypatch):
+    """GPT-2's LM-head backward: the logits gradient g [tokens, 50257] is read by g @ W and,
+    transposed, by g.t() @ h. Both pad g's columns (one copy in g's own layout, no transposing
+    copy); the transposed product reads that copy transposed."""
+    g = torch.randn(64, 1001, dtype=torch.bfloat16)
+    w, h = torch.randn(1001, 24, dtype=torch.bfloat16), torch.randn(64, 24, dtype=torch.bfloat16)
+    fn = lambda g, w, h: (g @ w, g.t() @ h)
+    gm = make_fx(fn, tracing_mode="fake")(g, w, h)
+    import sys
+    monkeypatch.setattr(sys.modules["trainc.passes.pad_matmuls"], "MIN_FLOPS", 0)
+    gm = pad_matmuls(gm, devices=("cpu",))
+    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    # g's columns once (shared), w's rows
+    assert sorted(tuple(n.args[1]) for n in pads) == [(0, 0, 0, 7), (0, 7, 0, 0)], \
+        [n.args for n in pads]
+    assert {n.args[0].name for n in pads} == {"g_1", "w_1"}, [n.args[0] for n in pads]
+    outs, eager = gm(g, w, h), fn(g, w, h)
+    ref = fn(g.double(), w.double(), h.double())
+    for k, (o, e, r) in enumerate(zip(outs, eager, ref)):
+        assert o.shape == e.shape
+        assert_policy(f"product {k}", o, e, r)
