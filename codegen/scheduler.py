@@ -94,11 +94,11 @@ def reads(node: ComputeNode, g: LoweredGraph) -> list[ir.Load]:
 
 def _reads(node: ComputeNode, syms: Symbols) -> list[ir.Load]:
     if node.kind == "pointwise":
-        return ir.loads(node.fn(syms.ranges("c", node.shape)))
+        return ir.loads(node.fn(syms.shared("c", node.shape)))
     if node.kind == "reduction":
-        return ir.loads(node.fn(syms.ranges("c", node.shape), syms.ranges("c", node.rshape)))
-    v = syms.ranges("c", node.rshape)
-    out = ir.loads(node.init(syms.ranges("c", node.shape))) + ir.loads(node.fn(v))
+        return ir.loads(node.fn(syms.shared("c", node.shape), syms.shared("cr", node.rshape)))
+    v = syms.shared("cr", node.rshape)
+    out = ir.loads(node.init(syms.shared("c", node.shape))) + ir.loads(node.fn(v))
     for s in node.index(v).free_symbols:
         if isinstance(s, Indirect):
             out += ir.loads(s.value)
@@ -332,15 +332,15 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
     if not any(l.buf in produced for l in reads(n, g)):
         return True
     if outer is None:  # same-shape pointwise: only same-position reads
-        syms = g.symbols.ranges("s", n.shape)
+        syms = g.symbols.shared("s", n.shape)
         for l in ir.loads(n.fn(syms)):
             if l.buf in produced:
                 b = kern.layout(l.buf, g)
                 if l.index - ir.linear(syms, b.stride) != 0:
                     return False
         return True
-    osyms = g.symbols.ranges("o", outer)
-    isyms = g.symbols.ranges("i", inner_of(n, outer))
+    osyms = g.symbols.shared("o", outer)
+    isyms = g.symbols.shared("i", inner_of(n, outer))
     e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
     for l in ir.loads(e):
         if l.buf not in produced:
