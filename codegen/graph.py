@@ -697,7 +697,7 @@ def _map(f: Callable, x):
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,
