@@ -70,8 +70,8 @@ def check_write(node: fx.Node, dest: fx.Node) -> None:
         base = base.args[0]
     if base is dest:
         return
-    order = {n: i for i, n in enumerate(node.graph.nodes)}
-    if base.op == "placeholder" or any(order[u] > order[node] for u in base.users):
+    # nodes compare by their position in the graph (no per-write numbering of the whole graph)
+    if base.op == "placeholder" or any(u > node for u in base.users):
         raise NotImplementedError(
             f"trainc cpp: {node.name} ({node.target}) writes through a view of {base.name}, "
             "which is read afterwards; use backend='aten' for this graph")

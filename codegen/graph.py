@@ -478,7 +478,7 @@ class GraphLowering:
         v = self.env[node]
         if not isinstance(v, TensorValue) or v.view is not None:
             return
-        e = v(self.g.symbols.ranges("t", v.shape))
+        e = v(self.g.symbols.shared("t", v.shape))
         crosses = _crosses(node)
         if self.store_scalars and math.prod(v.shape) == 1 and not crosses and \
                 ir.compute_cost(e) >= SCALAR_LIMIT:
@@ -713,7 +713,7 @@ def _map(f: Callable, x):
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def lower(gm: fx.GraphModule, lowerings: dict, is_extern: Callable,

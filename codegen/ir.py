@@ -5,6 +5,7 @@ index functions, so they never copy. Index symbols (codegen/symbols.py) carry th
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
@@ -251,6 +252,13 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def linear(index: Sequence[Index], stride: Sequence[int], offset: int = 0) -> Index:
+    return _linear(tuple(index), tuple(stride), offset)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _linear(index: tuple, stride: tuple, offset: int) -> Index:
+    """Memoised: equal kernels of repeated layers print over equal kernel-scope symbols, and a
+    lowered value is evaluated at one index many times (sympy's own cache is 1000 entries)."""
     e = sympy.Add(sympy.Integer(offset), *[i * s for i, s in zip(index, stride) if s != 0])
     return merge_divmod(e)
 

@@ -70,7 +70,7 @@ def refined_shape(n: ComputeNode, symbols: Symbols) -> Optional[tuple[int, ...]]
     variables of their own and the indexing affine. None when nothing splits."""
     if n.kind != "pointwise" or not n.shape or _numel(n.shape) == 0:
         return None
-    syms = symbols.ranges("r", n.shape)
+    syms = symbols.shared("r", n.shape)
     cuts: dict = {s: set() for s in syms}
     for index in _indices(n.fn(syms)):
         for x in sympy.preorder_traversal(index):

@@ -94,11 +94,11 @@ def reads(node: ComputeNode, g: LoweredGraph) -> list[ir.Load]:
 
 def _reads(node: ComputeNode, syms: Symbols) -> list[ir.Load]:
     if node.kind == "pointwise":
-        return ir.loads(node.fn(syms.ranges("c", node.shape)))
+        return ir.loads(node.fn(syms.shared("c", node.shape)))
     if node.kind == "reduction":
-        return ir.loads(node.fn(syms.ranges("c", node.shape), syms.ranges("c", node.rshape)))
-    v = syms.ranges("c", node.rshape)
-    out = ir.loads(node.init(syms.ranges("c", node.shape))) + ir.loads(node.fn(v))
+        return ir.loads(node.fn(syms.shared("c", node.shape), syms.shared("cr", node.rshape)))
+    v = syms.shared("cr", node.rshape)
+    out = ir.loads(node.init(syms.shared("c", node.shape))) + ir.loads(node.fn(v))
     for s in node.index(v).free_symbols:
         if isinstance(s, Indirect):
             out += ir.loads(s.value)
@@ -112,6 +112,8 @@ class _Builder:
         self.producer: dict[str, int] = {}  # buffer -> item index
         self.deps: list[set[int]] = []  # item -> items it reads from directly
         self.reads: dict[int, set[str]] = {}  # item -> buffers its nodes read
+        self.readers: dict[str, set[int]] = {}  # buffer -> items reading it (self.reads inverted)
+        self.n_kernels = 0
         self.layouts: dict[str, Buffer] = {}  # reshaped nodes' buffers as kernels index them
         self.hinted = set(g.reuse) | set(g.reuse.values())
         self.unbound = _feeds_outputs(g)
@@ -131,6 +133,7 @@ class _Builder:
         self.items.append(item)
         self.deps.append({self.producer[b] for b in bufs if b in self.producer})
         self.reads[k] = set(bufs)
+        self._note_reads(k, bufs)
         for o in outs:
             if o is not None:
                 self.producer[o] = k
@@ -155,7 +158,8 @@ class _Builder:
         if best is not None and joining[0] is not n:
             n = self._reshape(n, *joining)
         if best is None:
-            kern = Kernel(f"kernel{sum(isinstance(i, Kernel) for i in self.items)}", None)
+            kern = Kernel(f"kernel{self.n_kernels}", None)
+            self.n_kernels += 1
             for _ in range(3 if self._reshapeable(n) else 0):  # a split can expose another
                 refined = reshape.refined_shape(n, self.g.symbols)
                 fit = refined and reshape.reshaped(n, refined, self._layout(n.name))
@@ -183,7 +187,12 @@ class _Builder:
         self._join(kern, n)
         self.deps[best] |= {self.producer[b] for b in bufs if b in self.producer} - {best}
         self.reads[best] |= bufs
+        self._note_reads(best, bufs)
         self.producer[n.name] = best
+
+    def _note_reads(self, k: int, bufs: set[str]) -> None:
+        for b in bufs:
+            self.readers.setdefault(b, set()).add(k)
 
     def _small_kernel(self, moved: int, bufs: set[str]) -> Optional[int]:
         """The small kernel a node moving `moved` bytes and reading `bufs` may share a launch
@@ -202,7 +211,8 @@ class _Builder:
 
     def _candidates(self, bufs: set[str]) -> list[int]:
         out = {self.producer[b] for b in bufs if b in self.producer}
-        out |= {k for k, r in self.reads.items() if r & bufs}
+        for b in bufs:
+            out |= self.readers.get(b, set())
         return sorted(k for k in out if isinstance(self.items[k], Kernel)
                       and self.items[k].kind == "loops")
 
@@ -332,15 +342,15 @@ def _reads_ok(kern: Kernel, n: ComputeNode, outer, g: LoweredGraph) -> bool:
     if not any(l.buf in produced for l in reads(n, g)):
         return True
     if outer is None:  # same-shape pointwise: only same-position reads
-        syms = g.symbols.ranges("s", n.shape)
+        syms = g.symbols.shared("s", n.shape)
         for l in ir.loads(n.fn(syms)):
             if l.buf in produced:
                 b = kern.layout(l.buf, g)
                 if l.index - ir.linear(syms, b.stride) != 0:
                     return False
         return True
-    osyms = g.symbols.ranges("o", outer)
-    isyms = g.symbols.ranges("i", inner_of(n, outer))
+    osyms = g.symbols.shared("o", outer)
+    isyms = g.symbols.shared("i", inner_of(n, outer))
     e = n.fn(osyms + isyms) if n.kind == "pointwise" else n.fn(osyms, isyms)
     for l in ir.loads(e):
         if l.buf not in produced:

@@ -64,6 +64,7 @@ class Symbols:
         self.indirects: dict[str, Indirect] = {}  # defined by the kernel printed here
         self._counts: dict[str, int] = {}
         self.kernels: dict[str, Symbols] = {}
+        self._shared: dict[tuple, tuple[Range, ...]] = {}  # (prefix, shape) -> ranges, shared()
 
     def range(self, prefix: str, extent: int) -> Range:
         n = self._counts.get(prefix, 0)
@@ -74,6 +75,17 @@ class Symbols:
 
     def ranges(self, prefix: str, shape: Sequence[int]) -> list[Range]:
         return [self.range(prefix, int(e)) for e in shape]
+
+    def shared(self, prefix: str, shape: Sequence[int]) -> list[Range]:
+        """Ranges for evaluating a value only to inspect it (its loads, cost, index
+        arithmetic), one set per (prefix, shape): equal values of repeated layers then give
+        equal expressions, and memoised index math (ir.linear) serves every layer after the
+        first. Two sets in one expression need two prefixes (a reduction's shape and rshape)."""
+        key = (prefix, tuple(int(e) for e in shape))
+        got = self._shared.get(key)
+        if got is None:
+            got = self._shared[key] = tuple(self.ranges(prefix, shape))
+        return list(got)
 
     def define(self, s: Indirect) -> None:
         """Note that the kernel defines `s` by its name: no other value may have that name."""

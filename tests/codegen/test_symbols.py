@@ -130,3 +130,37 @@ def test_kernel_table_lists_its_indirect_values():
     (s,) = table.indirects.values()
     assert s.size == 20 and f"const int64_t {s.name} =" in src
     assert f"{s.name} < 20" in str(sched.graph.symbols)
+
+
+def test_shared_ranges_are_one_set_per_prefix_and_shape():
+    syms = Symbols()
+    a = syms.shared("t", (4, 8))
+    assert a == syms.shared("t", (4, 8)) and len(set(a)) == 2
+    assert [s.extent for s in a] == [4, 8]
+    assert not set(a) & set(syms.shared("t", (4, 9)))  # another shape: other symbols
+    assert not set(a) & set(syms.shared("c", (4, 8)))  # another role in one expression
+    assert not set(a) & set(syms.ranges("t", (4, 8)))  # fresh ranges stay fresh
+
+
+def _index_math_misses(blocks: int) -> int:
+    """ir.linear's memo misses while scheduling `blocks` equal layers."""
+    def layers(x, w):
+        for _ in range(blocks):
+            x = (x * w).exp().transpose(0, 1).reshape(16, 8).sum(-1, keepdim=True) + x
+        return [x]
+    ir._linear.cache_clear()
+    _schedule(layers, torch.randn(16, 8), torch.randn(16, 8))
+    return ir._linear.cache_info().misses
+
+
+def test_index_math_of_repeated_layers_is_done_once():
+    """Analysis evaluates values over shared ranges, so a layer equal to an earlier one asks
+    ir.linear only what it already answered: the misses do not grow with depth."""
+    assert _index_math_misses(4) == _index_math_misses(2)
+
+
+def test_memoised_linear_is_the_plain_sum():
+    i, j = Symbols().ranges("x", (3, 5))
+    assert ir.linear([i, j], [5, 1], 2) == 5 * i + j + 2
+    assert ir.linear([1, j], (5, 1)) == j + 5  # an int index, as a size-1 dim gives
+    assert ir.linear((ir.ModIndex(i, 3), ir.FloorDiv(i, 3)), [1, 3]) == i  # divmod merged
