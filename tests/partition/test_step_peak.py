@@ -34,12 +34,14 @@ def test_arithmetic_by_hand():
     bwd = _plan([("alloc", "g1", 80), ("free", "arg0", 0), ("alloc", "g2", 300),
                  ("free", "arg1", 0)], inputs=[("arg0", 100), ("arg1", 50), ("arg2", 4)])
     graph = _bwd_graph("a", "b", "tangents_0")
-    p = step_peak(fwd, bwd, graph, {"a": "a", "b": "b"}, {"a": 100, "b": 50})
+    p = step_peak(fwd, bwd, graph, {"a": "a", "b": "b"}, {"a": 100, "b": 50}, outputs_held=True)
     # forward peak 360; backward: event 0: 150 saved + 10 loss + 80 = 240; event 2: a freed:
     # 50 + 10 + 380 = 440
     assert (p.forward_peak, p.backward_peak, p.peak, p.phase) == (360, 440, 440, "backward")
     assert (p.saved_held, p.outputs_held, p.backward_live) == (50, 10, 380)
     assert str(p).startswith("predicted step peak 0.0 MiB in the backward")
+    dropped = step_peak(fwd, bwd, graph, {"a": "a", "b": "b"}, {"a": 100, "b": 50})
+    assert (dropped.backward_peak, dropped.outputs_held, dropped.outputs) == (430, 0, 10)
 
 
 def test_saved_values_the_backward_never_reads_die_at_once():
