@@ -19,11 +19,13 @@ import torch.fx as fx
 from trainc.graph import JointGraph
 from trainc.partition.cost import CostModel
 from trainc.partition.memory import MemoryProfile, simulate
-from trainc.partition.mincut import min_cut
+from trainc.partition.mincut import min_cut, min_cut_mixed
 from trainc.partition.split import execution_order, joint_outputs, tangent_dependent
 from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 
 SWEEP_EXPONENTS = range(-6, 17)  # save weight / recompute weight = 2**k
+# Mixed plans per pair of neighbouring sweep plans, less one (each is one simulation)
+MIX_STEPS = 16
 
 
 class BudgetError(ValueError):
@@ -58,12 +60,46 @@ def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) 
     weights = [(1, big)] + [(2**k, 1) if k >= 0 else (1, 2**-k) for k in SWEEP_EXPONENTS]
     weights.append((big, 1))
     plans = {tuple(n.name for n in p.saved): p for p in extra if honours_tags(p, costs)}
+    swept: list[tuple[Plan, tuple[int, int]]] = []
     for a, r in weights:
         saved = min_cut(joint, costs, save_weight=a, recompute_weight=r, under_budget=True)
         key = tuple(n.name for n in saved)
         if key not in plans:
             plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}")
+            swept.append((plans[key], (a, r)))
+    for plan in mixed(joint, costs, swept):
+        plans.setdefault(tuple(n.name for n in plan.saved), plan)
     return list(plans.values())
+
+
+def mixed(joint: JointGraph, costs: CostModel,
+          swept: Sequence[tuple[Plan, tuple[int, int]]]) -> list[Plan]:
+    """Plans between two neighbours on the sweep's frontier (peak vs recompute): the first k/L
+    of the forward (the first layers) cut as the leaner plan, the rest as the faster one, k = 1
+    .. L-1 (L = MIX_STEPS). The sweep alone cuts every layer alike, so between its plans the
+    peak jumps by all layers' worth of saved values (a 16-layer Llama: nothing between budget 0
+    and the default)."""
+    layers = MIX_STEPS
+    front = frontier([p for p, _ in swept])
+    weights = {id(p): w for p, w in swept}
+    out = []
+    for lean, fast in zip(front, front[1:]):
+        for k in range(1, layers):
+            saved = min_cut_mixed(joint, costs, weights[id(fast)], weights[id(lean)],
+                                  k / layers)
+            a, b = weights[id(fast)], weights[id(lean)]
+            out.append(evaluate(joint, costs, saved, f"min-cut mix: the first {k}/{layers} of "
+                                f"the forward at weight {b[0]}:{b[1]}, the rest {a[0]}:{a[1]}"))
+    return out
+
+
+def frontier(plans: Sequence[Plan]) -> list[Plan]:
+    """The plans no other beats in both peak and recompute cost, by rising peak."""
+    out: list[Plan] = []
+    for p in sorted(plans, key=lambda p: (p.memory.peak, p.recompute_cost)):
+        if not out or p.recompute_cost < out[-1].recompute_cost:
+            out.append(p)
+    return out
 
 
 def honours_tags(plan: Plan, costs: CostModel) -> bool:
@@ -84,26 +120,40 @@ def choose(plans: Sequence[Plan], default: Plan, budget: Union[int, float], fixe
     """The least-recompute plan whose simulated peak fits the budget's cap; (plan, note).
     `fixed_bytes` (the graph's inputs) is what an int budget counts beside the simulated peak."""
     low = lowest([*plans, default])
+    cap, note = budget_cap(budget, default, low, fixed_bytes, graph_name)
+    if cap is None:
+        return default, note
+    return best_under([*plans, default], cap) or low, None
+
+
+def budget_cap(budget: Union[int, float], default: Plan, low: Plan, fixed_bytes: int,
+               graph_name: str = "graph") -> tuple[Optional[int], Optional[str]]:
+    """(the cap on the simulated peak, note); cap None: the budget gives the default plan.
+    Raises BudgetError for an int budget below the lowest predicted peak."""
     if isinstance(budget, float):
         if budget >= 1.0:
-            return default, None
+            return None, None
         cap = low.memory.peak + int(budget * (default.memory.peak - low.memory.peak))
         if cap >= default.memory.peak:  # no plan lowers the peak: stay the speed-optimal plan
-            return default, "no partition found lowers the simulated peak below the default plan's"
-    else:
-        cap = budget - fixed_bytes
-        if cap < low.memory.peak:
-            smallest = low.memory.peak + fixed_bytes
-            raise BudgetError(
-                f"trainc: memory_budget={budget} bytes is infeasible for {graph_name}: the "
-                f"lowest predicted peak any partition reaches is {smallest} bytes ({fixed_bytes} "
-                f"of them the graph's inputs): it needs memory_budget >= {smallest} bytes, "
-                "the smallest feasible")
-        if cap >= default.memory.peak:
-            return default, None
-    fits = [p for p in (*plans, default) if p.memory.peak <= cap] or [low]
-    best = min(fits, key=lambda p: (p.recompute_cost, p.memory.peak, p.memory.saved_bytes))
-    return best, None
+            return None, "no partition found lowers the simulated peak below the default plan's"
+        return cap, None
+    cap = budget - fixed_bytes
+    if cap < low.memory.peak:
+        smallest = low.memory.peak + fixed_bytes
+        raise BudgetError(
+            f"trainc: memory_budget={budget} bytes is infeasible for {graph_name}: the "
+            f"lowest predicted peak any partition reaches is {smallest} bytes ({fixed_bytes} "
+            f"of them the graph's inputs): it needs memory_budget >= {smallest} bytes, "
+            "the smallest feasible")
+    return (None, None) if cap >= default.memory.peak else (cap, None)
+
+
+def best_under(plans: Sequence[Plan], cap: int) -> Optional[Plan]:
+    """The least-recompute plan with a simulated peak <= cap (ties: lower peak, fewer saved
+    bytes); None when none fits."""
+    fits = [p for p in plans if p.memory.peak <= cap]
+    return min(fits, key=lambda p: (p.recompute_cost, p.memory.peak, p.memory.saved_bytes)) \
+        if fits else None
 
 
 def fixed_bytes(costs: CostModel) -> int:

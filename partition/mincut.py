@@ -25,7 +25,15 @@ from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 def min_cut(joint: JointGraph, costs: CostModel, *, save_weight: int, recompute_weight: int,
             under_budget: bool) -> list[fx.Node]:
     """The saved values of the cheapest cut; capacities are integers, so results are exact."""
-    parts, boundary = _parts(joint, costs, under_budget)
+    _, boundary = _parts(joint, costs, under_budget)
+    in_forward = forward_side(joint, costs, save_weight, recompute_weight, under_budget)
+    return saved_from_cut(joint, boundary, in_forward.__contains__)
+
+
+def forward_side(joint: JointGraph, costs: CostModel, save_weight: int, recompute_weight: int,
+                 under_budget: bool) -> set[fx.Node]:
+    """The values the cheapest cut computes in the forward."""
+    parts, _ = _parts(joint, costs, under_budget)
     solved = costs.cut_cache.setdefault("solved", {})
     in_forward: set[fx.Node] = set()
     for part in parts:
@@ -33,7 +41,24 @@ def min_cut(joint: JointGraph, costs: CostModel, *, save_weight: int, recompute_
         if key not in solved:
             solved[key] = _solve(part, save_weight, recompute_weight)
         in_forward.update(part.nodes[i] for i in solved[key])
-    return saved_from_cut(joint, boundary, in_forward.__contains__)
+    return in_forward
+
+
+def min_cut_mixed(joint: JointGraph, costs: CostModel, fast: tuple[int, int],
+                  lean: tuple[int, int], fraction: float) -> list[fx.Node]:
+    """A budget plan (expensive ops recomputable) mixing two cuts (save weight, recompute
+    weight): the first `fraction` of the forward's nodes in graph order follow `lean`'s cut,
+    the rest `fast`'s. On a stack of layers that is the first layers cut as `lean` cuts them:
+    the backward reaches them last, when the other layers' saved values are gone, so
+    recomputing there raises the backward's peak least. Any mix is a valid partition: a value
+    neither cut computes in the forward is recomputed from what is."""
+    _, boundary = _parts(joint, costs, True)
+    a = forward_side(joint, costs, *fast, True)
+    b = forward_side(joint, costs, *lean, True)
+    backward = costs.cut_cache.setdefault("tangent_dependent", tangent_dependent(joint.gm))
+    order = [n for n in joint.gm.graph.nodes if n.op == "call_function" and n not in backward]
+    early = set(order[:round(fraction * len(order))])
+    return saved_from_cut(joint, boundary, lambda n: n in b if n in early else n in a)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -87,6 +87,14 @@ class Explanation:
         return sum(g.sdpa_rewrites for g in self.graphs)
 
     @property
+    def predicted_peak(self) -> Optional[int]:
+        """The step's predicted peak in bytes, summed over graphs (partition/step_peak.py: the
+        wrappers' memory plans, saved activations, held outputs, gradients); None when a graph
+        has no memory plan (the aten backend)."""
+        peaks = [g.predicted_peak for g in self.graphs if g.training]
+        return sum(p.peak for p in peaks) if peaks and None not in peaks else None
+
+    @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
 
@@ -124,6 +132,8 @@ class Explanation:
             text += (f"graph_{g.graph_id} decisions: sha256 {g.decision_hash[:16]}"
                      + (f" ({g.rank_check})" if g.rank_check else "") + "\n"
                      if g.decision_record else "")
+        for g in self.graphs:
+            text += f"graph_{g.graph_id} {g.predicted_peak}\n" if g.predicted_peak else ""
         text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:

@@ -117,8 +117,10 @@ class Config:
     sdpa_rewrite: bool = True
     # trace F.cross_entropy of a large linear's output (an LM head) as the linear and the loss
     # in row chunks (trainc/chunked_loss.py), so that a memory budget can recompute the logits
-    # one chunk at a time in the backward. None: on when a memory budget below 1.0 is set.
-    chunk_loss: Optional[bool] = None
+    # one chunk at a time in the backward. None: "auto" when a memory budget below 1.0 is set
+    # (trainc.compile chunks only where no plan of the whole graph meets the budget's cap,
+    # partition/variants.py; compile_step always chunks then), else False.
+    chunk_loss: Optional[Union[bool, str]] = None
     # 2-D convolutions run channels-last (NHWC memory) and the normalizations, activations and
     # pooling around them follow. None (resolve()): the target's default: on for cpp (oneDNN
     # is faster there); on triton "eager_tf32": bfloat16/float16 convolutions (cuDNN runs them in
@@ -182,8 +184,11 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
         raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
                          f"{values['cpp_gemm']!r}")
     if values.get("chunk_loss") is None:
-        values["chunk_loss"] = memory_budget is not None and not (
-            isinstance(memory_budget, float) and memory_budget == 1.0)
+        values["chunk_loss"] = "auto" if memory_budget is not None and not (
+            isinstance(memory_budget, float) and memory_budget == 1.0) else False
+    if values["chunk_loss"] not in (True, False, "auto"):
+        raise ValueError(f"trainc: chunk_loss must be None (the default), True, False or "
+                         f"'auto', got {values['chunk_loss']!r}")
     return Config(**values)
 
 

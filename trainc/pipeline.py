@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import gc
@@ -20,6 +21,7 @@ from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
 from trainc.partition import partition
+from trainc.partition.variants import chooses_variants, partition_variants
 from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
                            fold_zero_tangents, mark_mutable_inputs, run_passes)
 from trainc.runtime import ZERO_TANGENT, Artifact, ExpandedBackwards
@@ -72,13 +74,20 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
              config: Config, gid: int, t0: float) -> tuple[Artifact, records.GraphRecord]:
     dump = debug.Dumper(config, gid)
     sdpa = sdpa_rewrite.rewrite(gm) if config.sdpa_rewrite else 0
-    chunked = chunked_loss.rewrite(gm) if config.chunk_loss and training else 0
-    joint = trace_joint(gm, args, kinds, training, config.fuse_attention)
-    joint = dataclasses.replace(joint, chunked_losses=chunked, sdpa_rewrites=sdpa, gm=joint_passes(
-        joint.gm, dump, "00_joint.py", "joint graph after functionalization", config))
+    joints = []
+    for k, (v, chunked) in enumerate(_loss_variants(gm, config, training)):
+        joint = trace_joint(v, args, kinds, training, config.fuse_attention)
+        joints.append(dataclasses.replace(
+            joint, chunked_losses=chunked, sdpa_rewrites=sdpa, gm=joint_passes(
+                joint.gm, dump, "00_joint.py" if k == 0 else "00_joint_chunked_loss.py",
+                "joint graph after functionalization" + (" (loss in row chunks)" if k else ""),
+                config)))
     device = _device(args)
-    config, backend = backend_for(config, device, convolutions=_convolutions(joint.gm))
-    part = partition(joint, config) if joint.signature.training else None
+    config, backend = backend_for(config, device, convolutions=_convolutions(joints[0].gm))
+    chosen, part = (0, None) if not joints[0].signature.training else \
+        (0, partition(joints[0], config)) if len(joints) == 1 else \
+        partition_variants(joints, config)
+    joint = joints[chosen]
     dump.lap("partition")
     fwd_gm = post_grad(part.fwd if part else joint.gm, joint.signature, config)
     plan = plan_accumulation(part.bwd, joint.signature, args, config.accumulate_grads) \
@@ -116,6 +125,22 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     dump.lap("records and dumps")
     dump.finish()
     return art, record
+
+
+def _loss_variants(gm: fx.GraphModule, config: Config,
+                   training: bool) -> list[tuple[fx.GraphModule, int]]:
+    """The graphs to trace, each with its count of LM-head losses in row chunks
+    (trainc/chunked_loss.py): chunk_loss True chunks in place; "auto" (a budget's default) adds a
+    chunked copy beside the graph, and the partitioner uses it only where the cap needs it."""
+    if not training or not config.chunk_loss:
+        return [(gm, 0)]
+    if config.chunk_loss is True:
+        return [(gm, chunked_loss.rewrite(gm))]
+    if not chooses_variants(config):
+        return [(gm, 0)]
+    chunked = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    n = chunked_loss.rewrite(chunked)
+    return [(gm, 0), (chunked, n)] if n else [(gm, 0)]
 
 
 # -- stages shared by trainc.compile and compile_step (trainc/step.py) -----------------------

@@ -13,6 +13,7 @@ from trainc.config import Config
 from trainc.decisions import DecisionRecord
 from trainc.graph import GraphSignature, JointGraph
 from trainc.partition import Decision, Partition
+from trainc.partition.step_peak import StepPeak, predict_step_peak
 from trainc.passes import STATS
 
 
@@ -43,6 +44,8 @@ class GraphRecord:
     # ranks ("same on N ranks"; "" when not distributed or off)
     decision_record: Optional[DecisionRecord] = None
     rank_check: str = ""
+    # partition/step_peak.py: the step's peak from the wrappers' memory plans (None: aten)
+    predicted_peak: Optional[StepPeak] = None
 
     @property
     def decision_hash(self) -> str:
@@ -65,7 +68,7 @@ class GraphRecord:
             compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
             passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm),
             attention_rewrites=joint.attention_rewrites, chunked_losses=joint.chunked_losses,
-            sdpa_rewrites=joint.sdpa_rewrites)
+            sdpa_rewrites=joint.sdpa_rewrites, predicted_peak=predict_step_peak(part, fwd, bwd))
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "

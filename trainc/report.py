@@ -38,11 +38,14 @@ class TradeoffRow:
     budget: str  # "None", a fraction, or bytes
     saved_bytes: int  # activations the forward keeps for backward (partition's count)
     recompute_flops: int  # estimated FLOPs the backward spends recomputing
-    simulated_peak: int  # the partitioner's liveness estimate (summed over graphs)
+    simulated_peak: int  # the partitioner's liveness estimate of activations (over graphs)
     peak_bytes: int  # measured
     step_ms: float  # measured median of forward + loss + backward
     pareto: bool = False  # not dominated in (peak_bytes, step_ms) by the same compiler's rows
     compiler: str = "trainc"  # or "torch.compile" (its partition counts are not known: 0)
+    # the step's peak from the wrappers' memory plans, saved values, held outputs and
+    # gradients (partition/step_peak.py; 0: not known, e.g. the aten backend)
+    predicted_peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,14 @@ class Tradeoff:
     rows: tuple[TradeoffRow, ...]
 
     def table(self) -> str:
-        head = ("compiler", "budget", "saved MiB", "recompute MFLOP", "sim peak MiB", "peak MiB",
-                "step ms", "pareto")
+        # sim peak: the step's predicted peak (memory plans); partition sim: the partitioner's
+        # activation-only liveness estimate it plans with
+        head = ("compiler", "budget", "saved MiB", "recompute MFLOP", "sim peak MiB",
+                "partition sim MiB", "peak MiB", "step ms", "pareto")
         rows = [head] + [(r.compiler, r.budget, f"{r.saved_bytes / 2**20:.3f}",
-                          f"{r.recompute_flops / 1e6:.1f}", f"{r.simulated_peak / 2**20:.3f}",
+                          f"{r.recompute_flops / 1e6:.1f}",
+                          f"{r.predicted_peak / 2**20:.3f}" if r.predicted_peak else "-",
+                          f"{r.simulated_peak / 2**20:.3f}",
                           f"{r.peak_bytes / 2**20:.3f}", f"{r.step_ms:.2f}",
                           "*" if r.pareto else "") for r in self.rows]
         text = (f"{self.model} on {self.device}; peak memory: {self.memory_method}\n"
@@ -170,8 +177,11 @@ def _measure(model, inputs, loss_fn, budget, device, steps, options) -> Tradeoff
         _step(fn, m, inputs, loss_fn)
     peak, ms = _peak_and_time(fn, m, inputs, loss_fn, device, steps)
     sim = sum(p.memory.peak for p in parts if p.memory is not None)
+    predicted = [r.predicted_peak for r in recs if r.training]
     return TradeoffRow(str(budget), sum(r.saved_bytes for r in recs),
-                       sum(r.recompute_flops for r in recs), sim, peak, ms)
+                       sum(r.recompute_flops for r in recs), sim, peak, ms,
+                       predicted_peak=sum(p.peak for p in predicted)
+                       if predicted and None not in predicted else 0)
 
 
 def _measure_torch(model, inputs, loss_fn, budget: float, device, steps) -> TradeoffRow:

@@ -25,6 +25,9 @@ class MemoryPlan:
     storage: tuple[tuple[str, str], ...]  # in-place results and the buffers they overwrite
     kept: tuple[KeptBuffer, ...] = ()
     arena_bytes: int = 0
+    # the graph's tensor inputs in placeholder order, with their bytes: the plan never counts
+    # them live (the caller allocated them), but frees them after their last use (free events)
+    inputs: tuple[tuple[str, int], ...] = ()
 
     @cached_property
     def live_bytes(self) -> tuple[int, ...]:
@@ -110,7 +113,9 @@ def plan_memory(sched: Schedule, params: dict[str, list[str]], *, keep: bool = F
     per mm/addmm call, a function the wrapper runs instead of ATen's out= form, or None."""
     w = walk(sched, params, gemm)
     kept, arena = plan_kept(sched, w, params, tensors) if keep else ((), 0)
-    return MemoryPlan(w.events, w.forms, tuple(sched.graph.storage.items()), kept, arena)
+    g = sched.graph
+    return MemoryPlan(w.events, w.forms, tuple(g.storage.items()), kept, arena,
+                      tuple((b, g.buffers[b].nbytes) for b in g.inputs))
 
 
 def peak_rows(plan: MemoryPlan, sched: Schedule, top: int = 12) -> list[tuple]:

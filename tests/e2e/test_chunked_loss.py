@@ -105,8 +105,8 @@ def test_small_logits_are_left_alone(monkeypatch):
 def test_on_by_default_only_under_a_budget():
     assert make_config().chunk_loss is False
     assert make_config(memory_budget=1.0).chunk_loss is False
-    assert make_config(memory_budget=0.5).chunk_loss is True
-    assert make_config(memory_budget=1 << 30).chunk_loss is True
+    assert make_config(memory_budget=0.5).chunk_loss == "auto"
+    assert make_config(memory_budget=1 << 30).chunk_loss == "auto"
     assert make_config(memory_budget=0.0, chunk_loss=False).chunk_loss is False
 
 

@@ -1,0 +1,54 @@
+"""Several joint graphs of one program (the first speed-optimal, the others leaner rewrites, e.g.
+the LM-head loss in row chunks) + a memory budget -> which graph to use and its Partition.
+
+The budget reads against the first graph's default plan and the lowest peak of any graph's
+plans; the least-recompute plan of any graph under the cap wins, the earlier graph on a tie
+(a rewrite costs nothing in recompute: the chunked loss moves the head's gradient work into
+the forward), so without a budget, or where a plain plan is as cheap, nothing is rewritten.
+The chosen predicted peak falls monotonically with the budget: a lower cap keeps the same plan
+or picks one under the lower cap.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from trainc.config import Config
+from trainc.graph import JointGraph
+from trainc.partition import Partition, build_partition, generates_kernels, partition
+from trainc.partition import budget as B
+from trainc.partition import policy as P
+from trainc.partition.cost import CostModel
+from trainc.partition.mincut_choose import OBJECTIVES, budget_plans
+
+
+def chooses_variants(config: Config) -> bool:
+    """Whether partition_variants can pick anything but the first graph: a min-cut under a
+    budget that is not the default plan."""
+    b = config.memory_budget
+    return config.partitioner == "mincut" and b is not None and not (
+        isinstance(b, float) and b >= 1.0)
+
+
+def partition_variants(joints: Sequence[JointGraph], config: Config) -> tuple[int, Partition]:
+    """(index of the chosen graph, its partition)."""
+    if len(joints) == 1 or not chooses_variants(config):
+        return 0, partition(joints[0], config)
+    policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
+    objective = OBJECTIVES[config.partition_objective or "bytes"]
+    searched = []
+    for joint in joints:
+        costs = CostModel(joint.gm, policy, fuses=generates_kernels(config))
+        default = B.evaluate(joint, costs, objective(joint, costs), "default")
+        searched.append((joint, costs, default, budget_plans(joint, costs, default)))
+    lows = [B.lowest([*plans, default]) for _, _, default, plans in searched]
+    low = B.lowest(lows)
+    joint0, costs0, default0, _ = searched[0]
+    name = f"a graph of {len(joint0.gm.graph.nodes)} nodes"
+    cap, note = B.budget_cap(config.memory_budget, default0, low, B.fixed_bytes(costs0), name)
+    if cap is None:
+        return 0, build_partition(joint0, costs0, list(default0.saved), "budget", note)
+    fits = [(best.recompute_cost, i, best) for i, (_, _, default, plans) in enumerate(searched)
+            if (best := B.best_under([*plans, default], cap)) is not None]
+    _, i, best = min(fits, key=lambda f: f[:2]) if fits else (0, lows.index(low), low)
+    joint, costs = searched[i][:2]
+    return i, build_partition(joint, costs, list(best.saved), "budget", None)
