@@ -115,6 +115,16 @@ def get_backend(name: str, device: torch.device, config: Optional["Config"] = No
     return backend
 
 
+def memory_planner(backend: Backend) -> Optional[Callable[[fx.GraphModule, Sequence], object]]:
+    """(graph, example inputs) -> the MemoryPlan its wrapper would have, for a code-generating
+    backend (codegen/driver.py memory_plan_only); None for ATen (no wrapper, no plan)."""
+    inner = getattr(backend, "inner", backend)
+    if not hasattr(inner, "lower"):
+        return None
+    from trainc.codegen.driver import memory_plan_only
+    return lambda gm, example_inputs: memory_plan_only(inner, gm, example_inputs)
+
+
 def compiles_natively_on_cuda(name: str, device: torch.device) -> bool:
     """Triton on CUDA, not under the interpreter: where kernels compile in worker processes
     (codegen/triton/compile_pool) and a compile can run beside the GPU's work."""

@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from trainc.codegen import CompiledGraph
 from trainc.codegen.graph import CallNode, LoweredGraph
+from trainc.codegen.memory import MemoryPlan, plan_memory
 from trainc.codegen.memory.inplace import plan_storage
 from trainc.codegen.names import name_kernels
 from trainc.codegen.scheduler import Kernel, Schedule, schedule
@@ -84,6 +85,23 @@ def generate(backend: Generator, gm: fx.GraphModule, example_inputs: Sequence,
                           **_plan_text(backend.target, plans), **dumps,
                           # plain data rebuild() turns back into `run` (artifact cache)
                           "recipe": (backend.name, built.recipe(wrapper))})
+
+
+def memory_plan_only(backend: Generator, gm: fx.GraphModule,
+                     example_inputs: Sequence) -> MemoryPlan:
+    """The MemoryPlan `generate` would give the wrapper, without building kernels or printing
+    the wrapper: what a memory budget's search predicts a candidate partition's peak from
+    (kernels are planned and printed only for the buffers each one takes)."""
+    device = backend.device(gm, example_inputs)
+    sched = name_kernels(schedule(backend.lower(gm), **backend.schedule_options))
+    foreign = backend.foreign(sched, example_inputs, device)
+    plan_storage(sched, foreign)
+    kernels = [k for k in sched.items if isinstance(k, Kernel)]
+    params = {k.name: list(backend.print_kernel(k, backend.plan_kernel(k, sched.graph),
+                                                sched.graph).params) for k in kernels}
+    o = backend.wrapper_options(sched, foreign, device)
+    return plan_memory(sched, params, keep=o.get("keep", False), tensors=o.get("tensors", False),
+                       gemm=o.get("gemm"))
 
 
 def fallback_ops(sched: Schedule) -> tuple[str, ...]:

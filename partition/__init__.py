@@ -98,15 +98,16 @@ def partition(joint: JointGraph, config: Config) -> Partition:
 
 
 def build_partition(joint: JointGraph, costs: CostModel, saved: list, mode: str,
-                    note: Optional[str]) -> Partition:
+                    note: Optional[str], observe: bool = True) -> Partition:
     """Split the joint graph at `saved` and report every decision (mode: "default", "budget"
-    or "save_all", which names the rules in the report)."""
+    or "save_all", which names the rules in the report). `observe`: `observing()` sees it (a
+    budget search's trial partitions are not)."""
     saved = list(dict.fromkeys(_viewed_input(n, costs) or n for n in saved))
     plan = evaluate(joint, costs, saved, mode)
     fwd, bwd = split_joint(joint, saved)
     part = Partition(fwd, bwd, tuple(n.name for n in saved), _decisions(plan, costs, mode),
                      plan.memory, (note,) if note else ())
-    for seen in _observers:
+    for seen in _observers if observe else ():
         seen.append(part)
     return part
 

@@ -8,11 +8,15 @@ budget gives) and `low` (the lowest simulated peak any candidate reaches).
 - an int caps the predicted peak in bytes: the graph's inputs plus its simulated peak.
 No budget picks a plan above the default's peak, and the least-recompute choice under a cap
 makes the chosen peak fall monotonically with the budget.
+
+Where the backend generates code, the pipeline gives a `predict` function (a plan -> the step's
+peak from the wrappers' own memory plans, partition/step_peak.py) and the cap reads against
+those predictions instead (`choose_predicted`): the simulation above only orders the plans.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch.fx as fx
 
@@ -160,3 +164,62 @@ def fixed_bytes(costs: CostModel) -> int:
     """Bytes of the graph's inputs (parameters, user inputs, tangents): live for the whole
     graph whatever the partition."""
     return sum(costs.storage_bytes[s] for s in costs.input_storages)
+
+
+Predict = Callable[[Plan], int]  # a plan -> its step's predicted peak in bytes (step_peak.py)
+
+
+class Predictions:
+    """Memoised predictions of one graph's plans, counted (each one is a memory-only codegen of
+    both graphs: codegen/driver.py memory_plan_only)."""
+
+    def __init__(self, predict: Predict):
+        self.predict, self.peaks = predict, {}
+
+    def __call__(self, plan: Plan) -> int:
+        key = tuple(n.name for n in plan.saved)
+        if key not in self.peaks:
+            self.peaks[key] = self.predict(plan)
+        return self.peaks[key]
+
+
+def ladder(plans: Sequence[Plan], default: Plan) -> list[Plan]:
+    """The frontier's plans below the default's simulated peak, by rising peak (falling
+    recompute), then the default: the plans a budget chooses between."""
+    return [p for p in frontier([*plans, default]) if p.memory.peak < default.memory.peak and
+            p.recompute_cost > default.recompute_cost] + [default]
+
+
+def predicted_cap(budget: Union[int, float], default_peak: int, low_peak: int, fixed_bytes: int,
+                  graph_name: str = "graph") -> tuple[Optional[int], Optional[str]]:
+    """budget_cap over predicted peaks: (cap, note); cap None gives the default plan."""
+    if isinstance(budget, float):
+        if budget >= 1.0:
+            return None, None
+        if low_peak >= default_peak:
+            return None, "no partition found lowers the predicted peak below the default plan's"
+        return low_peak + int(budget * (default_peak - low_peak)), None
+    cap = budget - fixed_bytes
+    if cap < low_peak:
+        smallest = low_peak + fixed_bytes
+        raise BudgetError(
+            f"trainc: memory_budget={budget} bytes is infeasible for {graph_name}: the "
+            f"lowest predicted peak any partition reaches is {smallest} bytes ({fixed_bytes} "
+            f"of them the graph's inputs): it needs memory_budget >= {smallest} bytes, "
+            "the smallest feasible")
+    return (None, None) if cap >= default_peak else (cap, None)
+
+
+def last_under(rungs: Sequence[Plan], predicted: Predictions, cap: int) -> Optional[Plan]:
+    """The rung with the least recompute whose predicted peak fits `cap`, by bisection (the
+    predictions rise along the ladder as the simulation does); None when the leanest does not
+    fit."""
+    if not rungs or predicted(rungs[0]) > cap:
+        return None
+    lo, hi = 0, len(rungs) - 1
+    if predicted(rungs[hi]) <= cap:
+        return rungs[hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if predicted(rungs[mid]) <= cap else (lo, mid)
+    return rungs[lo]

@@ -92,6 +92,12 @@ def predict_step_peak(part, fwd, bwd, outputs_held: bool = False) -> Optional[St
     bp = bwd.extra.get("memory_plan") if bwd is not None else None
     if part is None or fp is None or bp is None:
         return None
+    return plans_step_peak(part, fp, bp, outputs_held)
+
+
+def plans_step_peak(part, fwd_plan, bwd_plan, outputs_held: bool = False) -> StepPeak:
+    """The StepPeak of a Partition from its two graphs' MemoryPlans."""
+    fp, bp = fwd_plan, bwd_plan
     storages = {d.name: d.storage or d.name for d in part.decisions
                 if d.action == "saved" and not d.is_input}
     sizes = {d.storage or d.name: d.nbytes for d in part.decisions

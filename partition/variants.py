@@ -7,10 +7,14 @@ plans; the least-recompute plan of any graph under the cap wins, the earlier gra
 the forward), so without a budget, or where a plain plan is as cheap, nothing is rewritten.
 The chosen predicted peak falls monotonically with the budget: a lower cap keeps the same plan
 or picks one under the lower cap.
+
+With `predictor` (the pipeline's, where the backend generates code: a graph and its cost model
+-> a plan's predicted step peak from the wrappers' memory plans), the budget reads against those
+predictions: the default plan's, and the lowest of each graph's leanest plan.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from trainc.config import Config
 from trainc.graph import JointGraph
@@ -29,9 +33,13 @@ def chooses_variants(config: Config) -> bool:
         isinstance(b, float) and b >= 1.0)
 
 
-def partition_variants(joints: Sequence[JointGraph], config: Config) -> tuple[int, Partition]:
+Predictor = Callable[[JointGraph, CostModel], B.Predict]
+
+
+def partition_variants(joints: Sequence[JointGraph], config: Config,
+                       predictor: Optional[Predictor] = None) -> tuple[int, Partition]:
     """(index of the chosen graph, its partition)."""
-    if len(joints) == 1 or not chooses_variants(config):
+    if not chooses_variants(config) or (len(joints) == 1 and predictor is None):
         return 0, partition(joints[0], config)
     policy = getattr(config, "policy", None) or P.DEFAULT_POLICY
     objective = OBJECTIVES[config.partition_objective or "bytes"]
@@ -40,6 +48,8 @@ def partition_variants(joints: Sequence[JointGraph], config: Config) -> tuple[in
         costs = CostModel(joint.gm, policy, fuses=generates_kernels(config))
         default = B.evaluate(joint, costs, objective(joint, costs), "default")
         searched.append((joint, costs, default, budget_plans(joint, costs, default)))
+    if predictor is not None:
+        return _by_prediction(searched, config, predictor)
     lows = [B.lowest([*plans, default]) for _, _, default, plans in searched]
     low = B.lowest(lows)
     joint0, costs0, default0, _ = searched[0]
@@ -52,3 +62,27 @@ def partition_variants(joints: Sequence[JointGraph], config: Config) -> tuple[in
     _, i, best = min(fits, key=lambda f: f[:2]) if fits else (0, lows.index(low), low)
     joint, costs = searched[i][:2]
     return i, build_partition(joint, costs, list(best.saved), "budget", None)
+
+
+def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tuple[int, Partition]:
+    """The least-recompute plan of any graph whose predicted step peak fits the budget's cap,
+    the cap read against predicted peaks (budget.predicted_cap)."""
+    rungs = [B.ladder(plans, default) for _, _, default, plans in searched]
+    preds = [B.Predictions(predictor(joint, costs)) for joint, costs, _, _ in searched]
+    joint0, costs0, default0, _ = searched[0]
+    default_peak = preds[0](default0)
+    lows = [p(r[0]) for p, r in zip(preds, rungs)]
+    name = f"a graph of {len(joint0.gm.graph.nodes)} nodes"
+    cap, note = B.predicted_cap(config.memory_budget, default_peak, min(lows),
+                                B.fixed_bytes(costs0), name)
+    if cap is None:
+        return 0, build_partition(joint0, costs0, list(default0.saved), "budget", note)
+    fits = [(best.recompute_cost, i, best) for i, (r, p) in enumerate(zip(rungs, preds))
+            if (best := B.last_under(r, p, cap)) is not None]
+    _, i, best = min(fits, key=lambda f: f[:2])  # the leanest graph's leanest rung fits
+    joint, costs = searched[i][:2]
+    mib = 2 ** 20
+    note = (f"budget: predicted step peak cap {cap / mib:.1f} MiB (default plan "
+            f"{default_peak / mib:.1f}, lowest found {min(lows) / mib:.1f}); chosen plan "
+            f"{preds[i](best) / mib:.1f} MiB; {sum(len(p.peaks) for p in preds)} plans predicted")
+    return i, build_partition(joint, costs, list(best.saved), "budget", note)

@@ -134,6 +134,7 @@ class Explanation:
                      if g.decision_record else "")
         for g in self.graphs:
             text += f"graph_{g.graph_id} {g.predicted_peak}\n" if g.predicted_peak else ""
+            text += "".join(f"graph_{g.graph_id} {n}\n" for n in g.partition_notes)
         text += records.allocation_table(self.graphs)
         if per_value:
             for g in self.graphs:

@@ -15,12 +15,13 @@ import torch.fx as fx
 from trainc import artifact_cache, chunked_loss, debug, decisions, records, sdpa_rewrite
 from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
-                            get_backend, target_for)
+                            get_backend, memory_planner, target_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
-from trainc.partition import partition
+from trainc.partition import build_partition, partition
+from trainc.partition.step_peak import plans_step_peak
 from trainc.partition.variants import chooses_variants, partition_variants
 from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
                            fold_zero_tangents, mark_mutable_inputs, run_passes)
@@ -85,8 +86,8 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     device = _device(args)
     config, backend = backend_for(config, device, convolutions=_convolutions(joints[0].gm))
     chosen, part = (0, None) if not joints[0].signature.training else \
-        (0, partition(joints[0], config)) if len(joints) == 1 else \
-        partition_variants(joints, config)
+        partition_variants(joints, config, _predictor(backend, config)) \
+        if chooses_variants(config) else (0, partition(joints[0], config))
     joint = joints[chosen]
     dump.lap("partition")
     fwd_gm = post_grad(part.fwd if part else joint.gm, joint.signature, config)
@@ -182,6 +183,25 @@ def generate(backend: Backend, gm: fx.GraphModule, stays: Sequence[str]) -> Comp
     """One graph through the backend; `stays`: its inputs that keep their memory between calls
     (parameters, buffers, optimizer state: CUDA graphs capture them in place)."""
     return backend.compile(mark_static_inputs(gm, stays), _example_inputs(gm))
+
+
+def _predictor(backend: Backend, config: Config):
+    """For a memory budget's search (partition/variants.py): per joint graph, a plan -> its
+    predicted step peak (partition/step_peak.py) from the memory plans the backend would give
+    the plan's two graphs after the post-grad passes; None where the backend makes no plan."""
+    planner = memory_planner(backend)
+    if planner is None:
+        return None
+
+    def for_joint(joint, costs):
+        def predict(plan) -> int:
+            part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
+            fwd_gm = post_grad(part.fwd, joint.signature, config)
+            bwd_gm = post_grad(part.bwd, None, config)
+            return plans_step_peak(part, planner(fwd_gm, _example_inputs(fwd_gm)),
+                                   planner(bwd_gm, _example_inputs(bwd_gm))).peak
+        return predict
+    return for_joint
 
 
 def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):

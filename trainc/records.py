@@ -46,6 +46,8 @@ class GraphRecord:
     rank_check: str = ""
     # partition/step_peak.py: the step's peak from the wrappers' memory plans (None: aten)
     predicted_peak: Optional[StepPeak] = None
+    # the partitioner's notes (e.g. how a memory budget's cap was read and met)
+    partition_notes: tuple[str, ...] = ()
 
     @property
     def decision_hash(self) -> str:
@@ -68,7 +70,8 @@ class GraphRecord:
             compile_seconds=seconds, mode="train" if joint.signature.training else "infer",
             passes=pass_stats(fwd=fwd_gm, bwd=bwd_gm),
             attention_rewrites=joint.attention_rewrites, chunked_losses=joint.chunked_losses,
-            sdpa_rewrites=joint.sdpa_rewrites, predicted_peak=predict_step_peak(part, fwd, bwd))
+            sdpa_rewrites=joint.sdpa_rewrites, predicted_peak=predict_step_peak(part, fwd, bwd),
+            partition_notes=part.notes if part else ())
 
     def summary(self) -> str:
         return (f"graph_{self.graph_id} {self.mode} backend={self.backend} nodes={self.joint_nodes} "

@@ -1,5 +1,6 @@
 """The step's predicted peak (partition/step_peak.py): its arithmetic on hand-made memory plans,
 and on cpp against the peak measured by the CPU allocator's events (gradients counted)."""
+import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -7,6 +8,7 @@ import torch.nn.functional as F
 import trainc
 from trainc.codegen.memory import MemoryPlan
 from trainc.codegen.memory.walk import Event
+from trainc.partition import BudgetError
 from trainc.partition.step_peak import step_peak
 from trainc.report import peak_bytes
 
@@ -79,3 +81,40 @@ def test_predicted_step_peak_within_10_percent_of_measured_on_cpp():
         measured = peak_bytes(lambda: c(x, w1, w2).backward(), torch.device("cpu"))
         assert predicted is not None
         assert abs(predicted - measured) <= 0.1 * measured, (budget, predicted, measured)
+
+
+def test_budget_caps_the_predicted_peak_on_cpp():
+    """A fraction f caps the step's predicted peak at low + f * (default - low), read against
+    the wrappers' memory plans (not the partitioner's simulation); an int caps it in bytes
+    (graph inputs counted), and one below the lowest plan names the smallest feasible cap."""
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(64, 256, generator=g, requires_grad=True)
+    w2 = torch.randn(256, 64, generator=g, requires_grad=True)
+    x = torch.randn(1024, 64, generator=g, requires_grad=True)
+
+    def f(x, w1, w2):
+        for _ in range(4):
+            x = x + torch.tanh(F.gelu(x @ w1) @ w2)
+        return x.square().mean()
+
+    def explain(budget):
+        torch._dynamo.reset()
+        return trainc.explain(f, x, w1, w2, backend="cpp", memory_budget=budget,
+                              accumulate_grads=False)
+
+    peaks = {b: explain(b).predicted_peak for b in (None, 0.0, 0.25, 0.5)}
+    low, default = peaks[0.0], peaks[None]
+    assert low < default
+    for b in (0.25, 0.5):
+        assert low <= peaks[b] <= low + b * (default - low), (b, peaks)
+    assert peaks[0.25] <= peaks[0.5]
+    half = explain(0.5)
+    assert any("predicted step peak cap" in n for gr in half.graphs for n in gr.partition_notes)
+    assert "predicted step peak cap" in str(half)
+    with pytest.raises(BudgetError, match="needs memory_budget >= ") as err:
+        explain(1)
+    smallest = int(str(err.value).split("memory_budget >= ")[1].split(" ")[0])
+    fixed = smallest - low  # the graph's inputs: parameters, x and the loss's tangent
+    assert fixed > 0
+    capped = explain(fixed + peaks[0.5]).predicted_peak
+    assert capped <= peaks[0.5]
