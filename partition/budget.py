@@ -211,15 +211,35 @@ def predicted_cap(budget: Union[int, float], default_peak: int, low_peak: int, f
 
 
 def last_under(rungs: Sequence[Plan], predicted: Predictions, cap: int) -> Optional[Plan]:
-    """The rung with the least recompute whose predicted peak fits `cap`, by bisection (the
-    predictions rise along the ladder as the simulation does); None when the leanest does not
-    fit."""
+    """The rung with the least recompute whose predicted peak fits `cap` (the predictions rise
+    along the ladder as the simulation does); None when the leanest does not fit. Each
+    prediction is a memory-only codegen of both graphs, so the search guesses first: the cap
+    mapped onto the simulated peaks (the two move nearly in step), that rung and its neighbour
+    predicted; a bisection of what is left only when the guess was off."""
     if not rungs or predicted(rungs[0]) > cap:
         return None
     lo, hi = 0, len(rungs) - 1
     if predicted(rungs[hi]) <= cap:
         return rungs[hi]
+    if hi - lo > 1:
+        g = _guess(rungs, predicted, lo, hi, cap)
+        lo, hi = (g, hi) if predicted(rungs[g]) <= cap else (lo, g)
+        near = lo + 1 if lo == g else hi - 1  # the guess's neighbour towards the other bound
+        if lo < near < hi:
+            lo, hi = (near, hi) if predicted(rungs[near]) <= cap else (lo, near)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if predicted(rungs[mid]) <= cap else (lo, mid)
     return rungs[lo]
+
+
+def _guess(rungs: Sequence[Plan], predicted: Predictions, lo: int, hi: int, cap: int) -> int:
+    """The last rung strictly between lo and hi whose simulated peak is at most the one the cap
+    maps to, the map linear between the bounds (simulated peak -> predicted peak)."""
+    p_lo, p_hi = predicted(rungs[lo]), predicted(rungs[hi])
+    s_lo, s_hi = rungs[lo].memory.peak, rungs[hi].memory.peak
+    target = s_lo + (cap - p_lo) * (s_hi - s_lo) / max(p_hi - p_lo, 1)
+    mid = lo + 1
+    while mid + 1 < hi and rungs[mid + 1].memory.peak <= target:
+        mid += 1
+    return mid

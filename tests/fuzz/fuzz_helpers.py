@@ -48,9 +48,11 @@ def combos() -> list:
     return out
 
 
-def examples(backend: str, scale: float = 1.0) -> int:
-    """This profile's example count, divided by the backend's cost."""
-    return max(1, int(settings.default.max_examples * scale / COST.get(backend, 3)))
+def examples(backend: str, scale: float = 1.0, budget=None) -> int:
+    """This profile's example count, divided by the backend's cost (under a memory budget the
+    partitioner's search sweeps min-cuts per example: twice the cost on aten)."""
+    cost = COST.get(backend, 3) * (2 if budget is not None and backend == "aten" else 1)
+    return max(1, int(settings.default.max_examples * scale / cost))
 
 
 # Open compiler bugs, each with an xfail(strict) test of this name in test_regressions.py. The

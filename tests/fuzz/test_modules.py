@@ -10,7 +10,7 @@ COMBOS = combos()
 
 @pytest.mark.parametrize("backend,budget", COMBOS)
 def test_module_stacks_match_eager(backend, budget):
-    @settings(max_examples=examples(backend))
+    @settings(max_examples=examples(backend, budget=budget))
     @given(stack=module_stacks())
     def prop(stack):
         run_check(stack, backend, budget)
@@ -21,7 +21,7 @@ def test_module_stacks_match_eager(backend, budget):
 def test_zoo_stacks_match_eager(backend, budget):
     """CNN blocks of the zoo models (inverted residuals, squeeze-excitation, depthwise convs,
     BatchNorm over tiny maps, channels-last), train mode."""
-    @settings(max_examples=examples(backend, 0.5))
+    @settings(max_examples=examples(backend, 0.5, budget))
     @given(stack=zoo_stacks())
     def prop(stack):
         run_check(stack, backend, budget)

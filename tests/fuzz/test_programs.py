@@ -10,7 +10,7 @@ COMBOS = combos()
 
 @pytest.mark.parametrize("backend,budget", COMBOS)
 def test_programs_match_eager(backend, budget):
-    @settings(max_examples=examples(backend, 2.0))
+    @settings(max_examples=examples(backend, 2.0, budget))
     @given(prog=programs())
     def prop(prog):
         run_check(prog, backend, budget)
@@ -20,7 +20,7 @@ def test_programs_match_eager(backend, budget):
 @pytest.mark.parametrize("backend,budget", COMBOS)
 def test_programs_without_dropout_match_eager(backend, budget):
     """Dropout-free programs: every comparison is against true eager, nothing replayed."""
-    @settings(max_examples=examples(backend))
+    @settings(max_examples=examples(backend, budget=budget))
     @given(prog=programs(dropout=False, max_ops=12))
     def prop(prog):
         run_check(prog, backend, budget)

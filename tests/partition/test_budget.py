@@ -10,6 +10,9 @@ import trainc
 from partition_helpers import capture_joints, joint_of, split
 from policy import assert_policy
 from trainc.partition import BudgetError
+from trainc.partition import budget as B
+from trainc.partition.budget import Plan
+from trainc.partition.memory import MemoryProfile
 from trainc.partition import observing as partition_observing
 
 import models  # noqa: E402  benchmarks/suite_models (tests/conftest.py puts it on the path)
@@ -191,3 +194,28 @@ def test_simulated_peak_is_the_generated_codes_measured_peak():
         measured = peak_bytes(lambda: c(x, w1, w2).sum().backward(), torch.device("cpu"))
         simulated = parts[0].memory.peak
         assert abs(simulated - measured) <= 0.1 * measured, (budget, simulated, measured)
+
+
+def _rungs(sims):
+    class N:  # a saved value as Predictions keys it: by name
+        def __init__(self, name):
+            self.name = name
+    return [Plan((N(f"v{i}"),), (), MemoryProfile(0, s, s), len(sims) - i, 0, f"rung {i}")
+            for i, s in enumerate(sims)]
+
+
+@pytest.mark.parametrize("shape", ["affine", "bent", "steps"])
+def test_last_under_finds_the_least_recompute_rung_under_the_cap(shape):
+    """The predicted-peak search over a ladder equals a scan of every rung, for predictions
+    affine in the simulated peak, bent, or flat in stretches, at every cap; it predicts fewer
+    rungs than the ladder has."""
+    sims = [100 + 37 * i for i in range(40)]
+    pred = {"affine": lambda s: 2 * s + 500, "bent": lambda s: s + (s - 100) ** 2 // 300,
+            "steps": lambda s: 1000 + 300 * (s // 400)}[shape]
+    rungs = _rungs(sims)
+    for cap in range(pred(sims[0]) - 10, pred(sims[-1]) + 10, 23):
+        predicted = B.Predictions(lambda p: pred(p.memory.peak))
+        got = B.last_under(rungs, predicted, cap)
+        fits = [r for r in rungs if pred(r.memory.peak) <= cap]
+        assert got is (fits[-1] if fits else None), (shape, cap)
+        assert len(predicted.peaks) <= (5 if shape == "affine" else 12), (shape, cap)
