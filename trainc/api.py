@@ -1,13 +1,14 @@
 """Public entry points: trainc.compile and trainc.explain."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from trainc import records
+from trainc import layer_regions, records
 from trainc.capture import dynamo_backend
 from trainc.codegen import KernelInfo, prestart_for
 from trainc.config import make_config
@@ -22,9 +23,14 @@ def compile(model_or_fn: Callable, *, backend: str = "auto", memory_budget: Any 
                         f"got {type(model_or_fn).__name__}")
     config = make_config(backend, memory_budget, **options)
     prestart_for(model_or_fn, config)  # Triton compile workers, for a CUDA module
+    backend = functools.partial(dynamo_backend, config=config)
+    token = layer_regions.install(model_or_fn, lambda region: backend) \
+        if config.regions and isinstance(model_or_fn, torch.nn.Module) else None
     # Static shapes: a new shape recompiles (Dynamo guards) rather than going symbolic.
-    return torch.compile(model_or_fn, backend=functools.partial(dynamo_backend, config=config),
-                         dynamic=False)
+    compiled = torch.compile(model_or_fn, backend=backend, dynamic=False)
+    if token is not None:  # the regions run compiled only inside this callable's calls
+        compiled.forward = layer_regions.activate(compiled.forward, token)
+    return compiled
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class GraphBreak:
 class Explanation:
     graphs: tuple[records.GraphRecord, ...]
     graph_breaks: tuple[GraphBreak, ...] = ()
+    # Config.regions: each region's instances, calls and the graphs compiled for it (a repeated
+    # group's one graph serves all its layers)
+    regions: tuple[layer_regions.Region, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -126,6 +135,8 @@ class Explanation:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         for b in self.graph_breaks:
             text += f"graph break: {b}\n"
+        for r in self.regions:
+            text += f"{r}\n"
         for g in self.graphs:  # the artifact cache: hit, or which key part missed
             text += f"graph_{g.graph_id} cache: {g.cache}\n" if g.cache else ""
         for g in self.graphs:  # trainc/decisions.py: compared across ranks when distributed
@@ -169,7 +180,8 @@ def explain(model_or_fn: Callable, *args: Any, **compile_options: Any) -> Explan
             "class's forward) after torch._dynamo.config.recompile_limit "
             f"({torch._dynamo.config.recompile_limit}) compilations with different options or "
             "instances in one process; call torch._dynamo.reset() before explaining again.")
-    return Explanation(tuple(recs), _graph_breaks(recs.breaks))
+    return Explanation(tuple(recs), _graph_breaks(recs.breaks),
+                       tuple(dataclasses.replace(r) for r in recs.regions))
 
 
 def _graph_breaks(reasons) -> tuple[GraphBreak, ...]:
