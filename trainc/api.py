@@ -53,8 +53,20 @@ class Explanation:
     regions: tuple[layer_regions.Region, ...] = ()
 
     @property
+    def runs(self) -> dict[int, int]:
+        """Graph id -> runs in the explained call: a region's graph runs once per layer calling
+        it (Config.regions); every other graph once."""
+        out = {g.graph_id: 1 for g in self.graphs}
+        for r in self.regions:
+            for gid in r.graph_ids:
+                out[gid] = max(1, r.calls // len(r.graph_ids))
+        return out
+
+    @property
     def saved_bytes(self) -> int:
-        return sum(g.saved_bytes for g in self.graphs)
+        """Activation bytes saved for backward over the call: a graph's times its runs."""
+        runs = self.runs
+        return sum(g.saved_bytes * runs.get(g.graph_id, 1) for g in self.graphs)
 
     @property
     def saved_tensors(self) -> list[Decision]:
@@ -99,7 +111,10 @@ class Explanation:
     def predicted_peak(self) -> Optional[int]:
         """The step's predicted peak in bytes, summed over graphs (partition/step_peak.py: the
         wrappers' memory plans, saved activations, held outputs, gradients); None when a graph
-        has no memory plan (the aten backend)."""
+        has no memory plan (the aten backend) or when a graph runs more than once per call
+        (Config.regions: the graphs' peaks are per run and do not add up to the step's)."""
+        if any(n > 1 for n in self.runs.values()):
+            return None
         peaks = [g.predicted_peak for g in self.graphs if g.training]
         return sum(p.peak for p in peaks) if peaks and None not in peaks else None
 
@@ -108,10 +123,10 @@ class Explanation:
         return sum(g.compile_seconds for g in self.graphs)
 
     def table(self, per_value: bool = False) -> str:
-        head = ("graph", "mode", "backend", "nodes", "fwd", "bwd", "saved", "saved MiB",
+        head = ("graph", "mode", "backend", "runs", "nodes", "fwd", "bwd", "saved", "saved MiB",
                 "recompute MFLOP", "kernels", "fallbacks", "compile s")
         rows = [head] + [(
-            f"graph_{g.graph_id}", g.mode, g.backend,
+            f"graph_{g.graph_id}", g.mode, g.backend, str(self.runs.get(g.graph_id, 1)),
             str(g.joint_nodes), str(g.fwd_nodes), str(g.bwd_nodes),
             str(sum(1 for d in g.decisions if d.action == "saved" and not d.is_input)),
             f"{g.saved_bytes / 2**20:.3f}", f"{g.recompute_flops / 1e6:.1f}",
@@ -119,7 +134,8 @@ class Explanation:
             for g in self.graphs]
         text = records.format_table(rows)
         text += (f"total: {len(self.graphs)} graph(s), saved {self.saved_bytes / 2**20:.3f} MiB "
-                 f"in {len(self.saved_tensors)} tensors, recompute {self.recompute_flops / 1e6:.1f}"
+                 f"(graph x runs) in {len(self.saved_tensors)} tensors (per graph), recompute "
+                 f"{self.recompute_flops / 1e6:.1f}"
                  f" MFLOP, {len(self.kernels)} kernels, {len(self.fallback_ops)} fallback ops, "
                  f"compile {self.compile_seconds:.2f} s\n")
         if self.attention_rewrites:

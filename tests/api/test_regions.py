@@ -1,0 +1,158 @@
+"""regions="auto" (trainc/layer_regions.py): repeated layers compile as one graph every layer runs;
+results and every parameter's gradient pass the float64 policy; the count of compiled graphs does
+not grow with depth; per-instance guards are warned about, never silently worked around."""
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+import trainc
+import trainc.testing
+from trainc import records
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 2 * d)
+        self.down = torch.nn.Linear(2 * d, d)
+
+    def forward(self, x, scale=None):
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        return x + (h if scale is None else h * scale)
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers: int, d: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(8, d)
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.out = torch.nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h).square().mean()
+
+
+def _x():
+    return torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_stack_matches_float64(backend):
+    trainc.testing.assert_grads_match(Stack(3), [_x()], backend=backend, regions="auto")
+
+
+def test_sequential_stack_and_budget_fraction_match_float64():
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Linear(8, 16), Block(16), Block(16), Block(16),
+                              torch.nn.Linear(16, 4))
+    trainc.testing.assert_grads_match(seq, [_x()], backend="cpp", regions="auto",
+                                      memory_budget=0.0)
+
+
+def _compiled_graphs(layers: int) -> tuple[int, trainc.Explanation]:
+    torch._dynamo.reset()
+    e = trainc.explain(Stack(layers), _x(), backend="aten", regions="auto")
+    return len(e.graphs), e
+
+
+def test_compiled_graphs_do_not_grow_with_depth():
+    n2, _ = _compiled_graphs(2)
+    n6, e = _compiled_graphs(6)
+    assert n2 == n6 == 3  # inp, one block graph for every block, out + loss
+    (blocks,) = [r for r in e.regions if r.shared]
+    assert len(blocks.instances) == 6 and blocks.calls == 6 and len(blocks.graph_ids) == 1
+    assert "blocks[0..5] (Block): 6 instance(s), 6 call(s), 1 Dynamo graph(s)" in str(e)
+
+
+def test_model_outside_the_compiled_call_runs_eagerly():
+    torch._dynamo.reset()
+    m = Stack(2)
+    compiled = trainc.compile(m, backend="aten", regions="auto")
+    x = _x()
+    with records.recording() as recs:
+        expected = m(x)  # the user's module, called directly: nothing compiles
+    assert not recs and not recs.regions
+    torch.testing.assert_close(compiled(x), expected)
+
+
+class Scaled(Stack):
+    """Each block reads a per-instance Python float: Dynamo guards on it, no graph is shared."""
+    def __init__(self, layers):
+        super().__init__(layers)
+        for i, b in enumerate(self.blocks):
+            b.scale = 1.0 + i
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h, b.scale)
+        return self.out(h).square().mean()
+
+
+def test_per_instance_guard_is_reported():
+    torch._dynamo.reset()
+    m, x = Scaled(3), _x()
+    with pytest.warns(UserWarning, match=r"blocks.1 did not reuse the graph compiled for "
+                                         r"blocks.0 .*guard failed"):
+        e = trainc.explain(m, x, backend="aten", regions="auto")
+    (blocks,) = [r for r in e.regions if r.shared]
+    assert [i for i, _ in blocks.not_reused] == ["blocks.1", "blocks.2"]
+    assert "not reused by blocks.2: guard failed" in str(e)
+    with pytest.warns(UserWarning, match="did not reuse"):
+        torch.testing.assert_close(
+            trainc.compile(Scaled(3), backend="aten", regions="auto")(x), Scaled(3)(x))
+
+
+def test_int_budget_is_refused_with_regions():
+    with pytest.raises(ValueError, match="int memory_budget"):
+        trainc.compile(Stack(2), regions="auto", memory_budget=1 << 20)
+    with pytest.raises(ValueError, match="regions must be"):
+        trainc.compile(Stack(2), regions="on")
+
+
+def test_tiny_zoo_llama_shares_one_layer_graph():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from zoo import models
+    torch._dynamo.reset()
+    cases = [models.build("llama", "tiny") for _ in range(2)]
+    ref = models.to_float64(cases[1])
+
+    def step(case, fn):
+        loss = fn(**case.batch, use_cache=False).loss
+        loss.backward()
+        return loss.detach()
+
+    with records.recording() as recs:
+        loss = step(cases[0], trainc.compile(cases[0].model, backend="cpp", regions="auto"))
+    (layers,) = [r for r in recs.regions if r.shared]
+    assert layers.calls == 2 and len(layers.graph_ids) == 1 and not layers.not_reused
+    vals = [("loss", loss, step(cases[1], cases[1].model), step(ref, ref.model))]
+    for (n, p), pe, pr in zip(cases[0].model.named_parameters(), cases[1].model.parameters(),
+                              ref.model.parameters()):
+        vals.append((f"grad {n}", p.grad, pe.grad, pr.grad))
+    bad = [m for v in vals if (m := trainc.testing.compare(*v)) is not None]
+    assert not bad, bad
+    assert len(vals) == 1 + len(list(ref.model.parameters()))
+
+
+def test_kv_cache_guard_is_named():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from zoo import models
+    torch._dynamo.reset()
+    case = models.build("llama", "tiny")
+    fn = trainc.compile(case.model, backend="aten", regions="auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn(**case.batch, use_cache=True).loss.backward()
+    assert any("did not reuse" in str(w.message) and "is_initialized" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
