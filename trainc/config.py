@@ -143,7 +143,8 @@ class Config:
     # its other children and the model around it compile as graphs of their own. None: the whole
     # model as Dynamo captures it. A memory_budget fraction then applies to each graph alone
     # (every layer gets the same plan); an int budget is refused (no per-graph split of a byte
-    # cap). TRAINC_REGIONS=auto/0 sets it.
+    # cap). Only trainc.compile takes it (compile_step and torch.compile(backend="trainc")
+    # refuse it: there is no module call to split at there).
     regions: Optional[str] = None
     skip_passes: tuple[str, ...] = ()
     aten_nodes: tuple[str, ...] = ()
@@ -165,8 +166,6 @@ def _env_defaults() -> dict[str, Any]:
         "check_rank_decisions":
             os.environ.get("TRAINC_CHECK_RANK_DECISIONS", "1") not in ("", "0"),
         "check_mutations": os.environ.get("TRAINC_CHECK_MUTATIONS", "") not in ("", "0"),
-        "regions": {"auto": "auto", "0": None, "": None}.get(
-            os.environ.get("TRAINC_REGIONS", ""), os.environ.get("TRAINC_REGIONS")),
         "cudagraphs": {"0": False, "1": True}.get(os.environ.get("TRAINC_CUDAGRAPHS", "")),
     }
 
@@ -191,10 +190,10 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
-    if values["regions"] not in (None, "auto"):
+    if values.get("regions") not in (None, "auto"):
         raise ValueError(f"trainc: regions must be None (the default) or 'auto', got "
                          f"{values['regions']!r}")
-    if values["regions"] and isinstance(memory_budget, int) and not isinstance(memory_budget,
+    if values.get("regions") and isinstance(memory_budget, int) and not isinstance(memory_budget,
                                                                                bool):
         raise ValueError("trainc: an int memory_budget (a byte cap on the step's peak) cannot be "
                          "combined with regions='auto' yet: each layer is its own graph and "

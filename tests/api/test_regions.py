@@ -116,9 +116,14 @@ def test_int_budget_is_refused_with_regions():
         trainc.compile(Stack(2), regions="auto", memory_budget=1 << 20)
     with pytest.raises(ValueError, match="regions must be"):
         trainc.compile(Stack(2), regions="on")
+    with pytest.raises(ValueError, match="compile_step"):
+        trainc.compile_step(Stack(2), lambda m, x: m(x), None, regions="auto")
+    with pytest.raises(Exception, match="needs trainc.compile"):  # Dynamo wraps it
+        torch.compile(Stack(2), backend="trainc", options={"regions": "auto"})(_x())
 
 
-def test_tiny_zoo_llama_shares_one_layer_graph():
+@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=pytest.mark.slow)])
+def test_tiny_zoo_llama_shares_one_layer_graph(backend):
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     from zoo import models
@@ -132,7 +137,7 @@ def test_tiny_zoo_llama_shares_one_layer_graph():
         return loss.detach()
 
     with records.recording() as recs:
-        loss = step(cases[0], trainc.compile(cases[0].model, backend="cpp", regions="auto"))
+        loss = step(cases[0], trainc.compile(cases[0].model, backend=backend, regions="auto"))
     (layers,) = [r for r in recs.regions if r.shared]
     assert layers.calls == 2 and len(layers.graph_ids) == 1 and not layers.not_reused
     vals = [("loss", loss, step(cases[1], cases[1].model), step(ref, ref.model))]
