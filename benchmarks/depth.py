@@ -9,14 +9,13 @@ the layers sharing a graph). `--regions on` compiles with `regions="auto"` (one 
 decoder layers), `off` the whole model as one graph. Use fresh cache directories per process
 (the environment's TRAINC_CACHE_DIR / TRITON_CACHE_DIR): a warm cache measures loading, not
 compiling. Prints one JSON line: first_s (wall seconds of the first forward+backward, compile
-included), first_cpu_s (process CPU seconds of it), exec_cpu_s (CPU seconds inside the
-compiled graphs' runs, part of first_cpu_s), step_ms (median of --steps steps), peak_mib (CUDA:
-peak allocated above the model and batch during a step), graphs (trainc graphs compiled).
-`--first-only` stops after the first call. `--skip-kernels` (CPU compile-time measurements under
-TRITON_INTERPRET=1 only): the interpreter does not run the generated Triton kernels, so their
-outputs are garbage and only the compile is measured (interpreting a real-width kernel takes
-seconds); the compile depends on shapes, not values. Subtract exec_cpu_s (extern ATen calls)
-from first_cpu_s for the compile's CPU seconds.
+included), first_cpu_s (its process CPU seconds), compile_cpu_s = dynamo_cpu_s (Dynamo's frame
+compiles: capture) + trainc_cpu_s (trainc's graph compiles), step_ms (median of --steps steps
+after two), peak_mib (CUDA: peak allocated above the model and batch during a step), graphs
+(trainc graphs compiled). `--first-only` stops after the first call. `--skip-kernels` (CPU
+compile-time measurements under TRITON_INTERPRET=1 only): the interpreter does not run the
+generated Triton kernels, so their outputs are garbage and only the compile is measured
+(interpreting a real-width kernel takes seconds); the compile depends on shapes, not values.
 """
 from __future__ import annotations
 
@@ -50,23 +49,33 @@ def build(layers: int, device: str, dtype: torch.dtype) -> torch.nn.Module:
         torch.set_default_dtype(default)
 
 
-class ExecTimer:
-    """CPU seconds spent running compiled graphs (runtime.run), compile time excluded."""
+class CompileTimer:
+    """Process CPU seconds inside Dynamo's frame compiles (capture) and trainc's graph compiles
+    (trace .. codegen): they never nest (trainc compiles a graph at its first run)."""
     def __init__(self):
-        self.seconds, self._run = 0.0, runtime.run
+        self.dynamo = self.trainc = 0.0
 
     def __enter__(self):
-        def timed(*args, **kwargs):
-            t0 = time.process_time()
-            try:
-                return self._run(*args, **kwargs)
-            finally:
-                self.seconds += time.process_time() - t0
-        runtime.run = timed
+        from torch._dynamo import convert_frame
+        from trainc import capture
+        self._saved = [(convert_frame, "_compile"), (capture, "compile_graph")]
+        self._saved = [(m, n, getattr(m, n)) for m, n in self._saved]
+        for (mod, name, fn), field in zip(self._saved, ("dynamo", "trainc")):
+            setattr(mod, name, self._timed(fn, field))
         return self
 
+    def _timed(self, fn, field):
+        def run(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.process_time() - t0)
+        return run
+
     def __exit__(self, *exc):
-        runtime.run = self._run
+        for mod, name, fn in self._saved:
+            setattr(mod, name, fn)
 
 
 def main() -> None:
@@ -96,15 +105,19 @@ def main() -> None:
             p.grad = None
         fn(input_ids=ids, labels=ids).loss.backward()
 
-    sync()
-    with records.recording() as recs, ExecTimer() as ex:
+    def timed() -> tuple[float, float]:
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         step()
         sync()
-        first_s, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    with records.recording() as recs, CompileTimer() as ct:
+        first_s, first_cpu = timed()
     out = {"layers": a.layers, "regions": a.regions, "device": a.device,
            "batch": a.batch, "seq": a.seq, "first_s": round(first_s, 2),
-           "first_cpu_s": round(first_cpu, 2), "exec_cpu_s": round(ex.seconds, 2),
+           "first_cpu_s": round(first_cpu, 2), "compile_cpu_s": round(ct.dynamo + ct.trainc, 2),
+           "dynamo_cpu_s": round(ct.dynamo, 2), "trainc_cpu_s": round(ct.trainc, 2),
            "graphs": len(recs)}
     if not a.first_only:
         runtime.wait_for_background_compiles()
