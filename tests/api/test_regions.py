@@ -70,6 +70,10 @@ def test_compiled_graphs_do_not_grow_with_depth():
     (blocks,) = [r for r in e.regions if r.shared]
     assert len(blocks.instances) == 6 and blocks.calls == 6 and len(blocks.graph_ids) == 1
     assert "blocks[0..5] (Block): 6 instance(s), 6 call(s), 1 Dynamo graph(s)" in str(e)
+    block = next(g for g in e.graphs if g.graph_id == blocks.graph_ids[0])
+    assert e.runs[block.graph_id] == 6 and block.saved_bytes > 0
+    assert e.saved_bytes == sum(g.saved_bytes for g in e.graphs) + 5 * block.saved_bytes
+    assert e.predicted_peak is None  # per-run graph peaks do not add up to the step's
 
 
 def test_model_outside_the_compiled_call_runs_eagerly():
