@@ -143,8 +143,7 @@ def _call_layer(layer, *args, **kwargs):
     return type(layer).forward(layer, *args, **kwargs)
 
 
-@torch._dynamo.disable
-def _region_forward(self, *args, **kwargs):
+def _region_forward(self, *args, **kwargs):  # called from an owner's forward, outside Dynamo
     token = _ACTIVE.get()
     region = _REGIONS.get((token, self.__dict__.get(_KEY))) if token is not None else None
     if region is None:  # outside a trainc-compiled call: the module as written, eagerly
@@ -158,7 +157,7 @@ def _region_forward(self, *args, **kwargs):
     return out
 
 
-@torch._dynamo.disable
+@torch._dynamo.disable  # the graph break at the owner's call: the loop over layers runs eagerly
 def _owner_forward(self, *args, **kwargs):
     return type(self).forward(self, *args, **kwargs)
 
