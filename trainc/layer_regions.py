@@ -88,6 +88,9 @@ def install(model: torch.nn.Module, backend: Callable[..., Callable]) -> Optiona
         return None
     token = next(_TOKENS)
     mods = dict(model.named_modules())
+    # a module holding another group's layers (an encoder beside a decoder) runs its own loop
+    # eagerly: it is never one region of its own
+    holders = {p for path, _, _ in found for p in mods if path == p or path.startswith(p + ".")}
     for path, owner, groups in found:
         container = mods[path]
         repeated = {n for g in groups for n in g}
@@ -101,7 +104,8 @@ def install(model: torch.nn.Module, backend: Callable[..., Callable]) -> Optiona
             owner_path = _owner_path(mods, owner)
             solo += [_join(owner_path, n) for n, c in owner.named_children() if c is not container]
         for name in solo:
-            _new_region(token, name, [name], False, mods, backend)
+            if name not in holders:
+                _new_region(token, name, [name], False, mods, backend)
         owner.forward = types.MethodType(_owner_forward, owner)
     return token
 
@@ -116,10 +120,6 @@ def activate(fn: Callable, token: int) -> Callable:
         finally:
             _ACTIVE.reset(reset)
     return run
-
-
-def regions_of(token: Optional[int]) -> list[Region]:
-    return [r for (t, _), r in _REGIONS.items() if t == token]
 
 
 def _new_region(token: int, name: str, instances: list[str], shared: bool, mods: dict,
@@ -143,7 +143,8 @@ def _call_layer(layer, *args, **kwargs):
     return type(layer).forward(layer, *args, **kwargs)
 
 
-def _region_forward(self, *args, **kwargs):  # called from an owner's forward, outside Dynamo
+@torch._dynamo.disable  # a graph break too where a layer is called from a traced frame (a
+def _region_forward(self, *args, **kwargs):  # Sequential its parent iterates)
     token = _ACTIVE.get()
     region = _REGIONS.get((token, self.__dict__.get(_KEY))) if token is not None else None
     if region is None:  # outside a trainc-compiled call: the module as written, eagerly

@@ -57,6 +57,28 @@ def test_sequential_stack_and_budget_fraction_match_float64():
                                       memory_budget=0.0)
 
 
+class TwoStacks(torch.nn.Module):
+    """An encoder stack beside repeated heads: the encoder holds a group and is no region."""
+    def __init__(self):
+        super().__init__()
+        self.enc = Stack(2)
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        for h in self.heads:
+            x = torch.tanh(h(x))
+        return self.enc(x)
+
+
+def test_nested_owners_match_float64():
+    torch.manual_seed(0)
+    trainc.testing.assert_grads_match(TwoStacks(), [_x()], backend="cpp", regions="auto")
+    torch._dynamo.reset()
+    e = trainc.explain(TwoStacks(), _x(), backend="aten", regions="auto")
+    assert sorted(r.name for r in e.regions) == [
+        "enc.blocks[0..1] (Block)", "enc.inp", "enc.out", "heads[0..1] (Linear)"]
+
+
 def _compiled_graphs(layers: int) -> tuple[int, trainc.Explanation]:
     torch._dynamo.reset()
     e = trainc.explain(Stack(layers), _x(), backend="aten", regions="auto")
@@ -165,3 +187,21 @@ def test_kv_cache_guard_is_named():
         fn(**case.batch, use_cache=True).loss.backward()
     assert any("did not reuse" in str(w.message) and "is_initialized" in str(w.message)
                for w in caught), [str(w.message) for w in caught]
+
+
+class InPlaceAfterRegion(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.seq = torch.nn.Sequential(Block(8), Block(8))
+
+    def forward(self, x):
+        h = self.seq(x)
+        h += x  # the graph after the Sequential's graph break receives h as an input
+        return h.sum()
+
+
+def test_in_place_on_a_region_output_is_a_clear_error():
+    torch._dynamo.reset()
+    with pytest.raises(trainc.UnsupportedError, match="requires grad is mutated in place"):
+        trainc.compile(InPlaceAfterRegion(), backend="cpp", regions="auto")(_x())
