@@ -58,9 +58,11 @@ class CompileTimer:
     def __enter__(self):
         from torch._dynamo import convert_frame
         from trainc import capture
-        self._saved = [(convert_frame, "_compile"), (capture, "compile_graph")]
-        self._saved = [(m, n, getattr(m, n)) for m, n in self._saved]
-        for (mod, name, fn), field in zip(self._saved, ("dynamo", "trainc")):
+        # (a torch without convert_frame._compile leaves dynamo_cpu_s at 0)
+        self._saved = [(m, n, getattr(m, n), f) for m, n, f in (
+            (convert_frame, "_compile", "dynamo"), (capture, "compile_graph", "trainc"))
+            if hasattr(m, n)]
+        for mod, name, fn, field in self._saved:
             setattr(mod, name, self._timed(fn, field))
         return self
 
@@ -74,7 +76,7 @@ class CompileTimer:
         return run
 
     def __exit__(self, *exc):
-        for mod, name, fn in self._saved:
+        for mod, name, fn, _ in self._saved:
             setattr(mod, name, fn)
 
 

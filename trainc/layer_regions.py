@@ -8,11 +8,12 @@ module that runs the container (its parent for a ModuleList, the Sequential itse
 forward eagerly (the loop); its other children each compile as a graph of their own, and the model
 around it compiles as usual, with a graph break at that module's call.
 
-Installed in place on the model's modules (instance `forward` attributes), active only inside a
-call of the callable trainc.compile returned (elsewhere the modules run eagerly); the latest
-trainc.compile of a model decides the options its regions compile with. A group whose instances
-do not share the graph (a guard on per-instance state, such as a KV cache's layer index) warns with
-the failing guard, and `trainc.explain` lists it.
+Ops written in the owner's forward outside its children (transformers' mask helpers) run as
+eager ATen calls. Installed in place on the model's modules (instance `forward` attributes),
+active only inside a call of the callable trainc.compile returned (elsewhere the modules run
+eagerly); each trainc.compile installs regions of its own, keyed by a token that its callable
+activates. A group whose instances do not share the graph (a guard on per-instance state, such
+as a KV cache's layer index) warns with the failing guard, and `trainc.explain` lists it.
 """
 from __future__ import annotations
 
