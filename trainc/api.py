@@ -1,13 +1,14 @@
 """Public entry points: trainc.compile and trainc.explain."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from trainc import records
+from trainc import layer_regions, records
 from trainc.capture import dynamo_backend
 from trainc.codegen import KernelInfo, prestart_for
 from trainc.config import make_config
@@ -22,9 +23,14 @@ def compile(model_or_fn: Callable, *, backend: str = "auto", memory_budget: Any 
                         f"got {type(model_or_fn).__name__}")
     config = make_config(backend, memory_budget, **options)
     prestart_for(model_or_fn, config)  # Triton compile workers, for a CUDA module
+    backend = functools.partial(dynamo_backend, config=config)
+    token = layer_regions.install(model_or_fn, lambda region: backend) \
+        if config.regions and isinstance(model_or_fn, torch.nn.Module) else None
     # Static shapes: a new shape recompiles (Dynamo guards) rather than going symbolic.
-    return torch.compile(model_or_fn, backend=functools.partial(dynamo_backend, config=config),
-                         dynamic=False)
+    compiled = torch.compile(model_or_fn, backend=backend, dynamic=False)
+    if token is not None:  # the regions run compiled only inside this callable's calls
+        compiled.forward = layer_regions.activate(compiled.forward, token)
+    return compiled
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,25 @@ class GraphBreak:
 class Explanation:
     graphs: tuple[records.GraphRecord, ...]
     graph_breaks: tuple[GraphBreak, ...] = ()
+    # Config.regions: each region's instances, calls and the graphs compiled for it (a repeated
+    # group's one graph serves all its layers)
+    regions: tuple[layer_regions.Region, ...] = ()
+
+    @property
+    def runs(self) -> dict[int, int]:
+        """Graph id -> runs in the explained call: a region's graph runs once per layer calling
+        it (Config.regions); every other graph once."""
+        out = {g.graph_id: 1 for g in self.graphs}
+        for r in self.regions:
+            for gid in r.graph_ids:
+                out[gid] = max(1, r.calls // len(r.graph_ids))
+        return out
 
     @property
     def saved_bytes(self) -> int:
-        return sum(g.saved_bytes for g in self.graphs)
+        """Activation bytes saved for backward over the call: a graph's times its runs."""
+        runs = self.runs
+        return sum(g.saved_bytes * runs.get(g.graph_id, 1) for g in self.graphs)
 
     @property
     def saved_tensors(self) -> list[Decision]:
@@ -90,7 +111,10 @@ class Explanation:
     def predicted_peak(self) -> Optional[int]:
         """The step's predicted peak in bytes, summed over graphs (partition/step_peak.py: the
         wrappers' memory plans, saved activations, held outputs, gradients); None when a graph
-        has no memory plan (the aten backend)."""
+        has no memory plan (the aten backend) or when a graph runs more than once per call
+        (Config.regions: the graphs' peaks are per run and do not add up to the step's)."""
+        if any(n > 1 for n in self.runs.values()):
+            return None
         peaks = [g.predicted_peak for g in self.graphs if g.training]
         return sum(p.peak for p in peaks) if peaks and None not in peaks else None
 
@@ -99,10 +123,10 @@ class Explanation:
         return sum(g.compile_seconds for g in self.graphs)
 
     def table(self, per_value: bool = False) -> str:
-        head = ("graph", "mode", "backend", "nodes", "fwd", "bwd", "saved", "saved MiB",
+        head = ("graph", "mode", "backend", "runs", "nodes", "fwd", "bwd", "saved", "saved MiB",
                 "recompute MFLOP", "kernels", "fallbacks", "compile s")
         rows = [head] + [(
-            f"graph_{g.graph_id}", g.mode, g.backend,
+            f"graph_{g.graph_id}", g.mode, g.backend, str(self.runs.get(g.graph_id, 1)),
             str(g.joint_nodes), str(g.fwd_nodes), str(g.bwd_nodes),
             str(sum(1 for d in g.decisions if d.action == "saved" and not d.is_input)),
             f"{g.saved_bytes / 2**20:.3f}", f"{g.recompute_flops / 1e6:.1f}",
@@ -110,7 +134,8 @@ class Explanation:
             for g in self.graphs]
         text = records.format_table(rows)
         text += (f"total: {len(self.graphs)} graph(s), saved {self.saved_bytes / 2**20:.3f} MiB "
-                 f"in {len(self.saved_tensors)} tensors, recompute {self.recompute_flops / 1e6:.1f}"
+                 f"(graph x runs) in {len(self.saved_tensors)} tensors (per graph), recompute "
+                 f"{self.recompute_flops / 1e6:.1f}"
                  f" MFLOP, {len(self.kernels)} kernels, {len(self.fallback_ops)} fallback ops, "
                  f"compile {self.compile_seconds:.2f} s\n")
         if self.attention_rewrites:
@@ -126,6 +151,8 @@ class Explanation:
             text += "fallback ops: " + ", ".join(self.fallback_ops) + "\n"
         for b in self.graph_breaks:
             text += f"graph break: {b}\n"
+        for r in self.regions:
+            text += f"{r}\n"
         for g in self.graphs:  # the artifact cache: hit, or which key part missed
             text += f"graph_{g.graph_id} cache: {g.cache}\n" if g.cache else ""
         for g in self.graphs:  # trainc/decisions.py: compared across ranks when distributed
@@ -170,7 +197,8 @@ def explain(model_or_fn: Callable, *args: Any, **compile_options: Any) -> Explan
             "class's forward) after torch._dynamo.config.recompile_limit "
             f"({torch._dynamo.config.recompile_limit}) compilations with different options or "
             "instances in one process; call torch._dynamo.reset() before explaining again.")
-    return Explanation(tuple(recs), _graph_breaks(recs.breaks))
+    return Explanation(tuple(recs), _graph_breaks(recs.breaks),
+                       tuple(dataclasses.replace(r) for r in recs.regions))
 
 
 def _graph_breaks(reasons) -> tuple[GraphBreak, ...]:

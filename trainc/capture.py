@@ -23,6 +23,9 @@ def dynamo_backend(gm: fx.GraphModule, example_inputs: Sequence, *, options: Opt
     """The `torch.compile(backend="trainc", options={...})` entry point."""
     if config is None:
         config = make_config(**(options or {}))
+        if config.regions:  # a backend sees one graph; regions are set up on the model
+            raise ValueError("trainc: regions='auto' needs trainc.compile(model, regions="
+                             "'auto'); torch.compile(backend='trainc') cannot install them")
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is not None and getattr(reason, "graph_break", False):
         records.note_graph_break(reason)

@@ -136,6 +136,16 @@ class Config:
     # the ranks (trainc/decisions.py) and raise RankMismatchError where they differ, before
     # their collectives disagree or hang. TRAINC_CHECK_RANK_DECISIONS=0: off.
     check_rank_decisions: bool = True
+    # trainc.compile of an nn.Module: "auto" compiles each group of repeated layers (an
+    # nn.ModuleList / nn.Sequential with >= 2 children of one class and equal parameter shapes:
+    # a transformer's blocks) as ONE graph that every layer runs, so first-call time stops
+    # growing with depth (trainc/layer_regions.py); the module looping over them runs eagerly,
+    # its other children and the model around it compile as graphs of their own. None: the whole
+    # model as Dynamo captures it. A memory_budget fraction then applies to each graph alone
+    # (every layer gets the same plan); an int budget is refused (no per-graph split of a byte
+    # cap). Only trainc.compile takes it (compile_step and torch.compile(backend="trainc")
+    # refuse it: there is no module call to split at there).
+    regions: Optional[str] = None
     skip_passes: tuple[str, ...] = ()
     aten_nodes: tuple[str, ...] = ()
 
@@ -180,6 +190,14 @@ def make_config(backend: str = "auto", memory_budget: Any = None, **options: Any
         raise ValueError(f"trainc: conv_channels_last must be None (the default), True, False "
                          f"or 'eager_tf32', got {options['conv_channels_last']!r}")
     values = {**_env_defaults(), **options, "backend": backend, "memory_budget": memory_budget}
+    if values.get("regions") not in (None, "auto"):
+        raise ValueError(f"trainc: regions must be None (the default) or 'auto', got "
+                         f"{values['regions']!r}")
+    if values.get("regions") and isinstance(memory_budget, int) and not isinstance(memory_budget,
+                                                                               bool):
+        raise ValueError("trainc: an int memory_budget (a byte cap on the step's peak) cannot be "
+                         "combined with regions='auto' yet: each layer is its own graph and "
+                         "the cap is not split among them; use a fraction (applied per graph)")
     if values["cpp_gemm"] not in ("auto", "aten"):  # an option or TRAINC_CPP_GEMM
         raise ValueError(f"trainc: cpp_gemm must be 'auto' (the default) or 'aten', got "
                          f"{values['cpp_gemm']!r}")

@@ -123,7 +123,15 @@ def _analyze(gm, fakes, requires_grad, training) -> _Analysis:
     with torch.set_grad_enabled(training):
         inner = [_detach(f, rg) for f, rg in zip(fakes, requires_grad)]
         before = [_meta(x) for x in inner]
-        outs = _as_list(gm(*inner))
+        try:
+            outs = _as_list(gm(*inner))
+        except RuntimeError as e:
+            if "leaf Variable that requires grad is being used in an in-place" not in str(e):
+                raise
+            raise UnsupportedError(
+                "trainc: a graph input that requires grad is mutated in place (e.g. `h += r` on a "
+                "value the graph receives after a graph break; with regions='auto', a value a "
+                "region's owner returned); unsupported: write it out of place (h = h + r)") from e
     meta_mutated = tuple(_meta(x) != b for x, b in zip(inner, before))  # sizes/strides/offset
     for i, x in enumerate(inner):
         if meta_mutated[i]:

@@ -115,6 +115,13 @@ class Recording(list):
     def __init__(self):
         super().__init__()
         self.breaks: list = []
+        self.regions: list = []  # trainc/layer_regions.py Regions called in the block
+
+
+def note_region(region) -> None:
+    for r in _recorders:
+        if not any(x is region for x in r.regions):
+            r.regions.append(region)
 
 
 def note_graph_break(reason) -> None:
@@ -130,7 +137,7 @@ def recording() -> Iterator[Recording]:
     try:
         yield records
     finally:
-        _recorders.remove(records)
+        del _recorders[next(i for i, r in enumerate(_recorders) if r is records)]  # nested
 
 
 def publish(record: GraphRecord, config: Config) -> None:

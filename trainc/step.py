@@ -391,5 +391,8 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"trainc.compile_step expects an nn.Module, got {type(model).__name__}")
     config = make_config(backend, memory_budget, **options)
+    if config.regions:  # the step is one make_fx trace: there is no layer call to split at
+        raise ValueError("trainc.compile_step: regions='auto' is a trainc.compile option (the "
+                         "step is traced as one graph)")
     prestart_for(model, config)  # Triton compile workers, for a CUDA module
     return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)
