@@ -7,6 +7,7 @@ computed again right before their first backward use, so their forward copies di
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Optional
 
 import torch.fx as fx
 
@@ -33,10 +34,14 @@ FORWARD, BACKWARD = 0, 1
 PLANS = "trainc_step_plans"  # gm.meta: candidate plans of a step graph, per save policy
 
 
-def recompute_in_step(gm: fx.GraphModule, config: Config) -> tuple[fx.GraphModule, Partition]:
+def recompute_in_step(gm: fx.GraphModule, config: Config,
+                      predict: Optional[Callable[[fx.GraphModule], int]] = None
+                      ) -> tuple[fx.GraphModule, Partition]:
     """Partition the step graph as if forward and backward were two graphs, then stitch them
     back into one: forward, then backward with its recomputation interleaved (split.py's
-    order). Outputs keep their order; the simulated peak is the partition's."""
+    order). Outputs keep their order; the simulated peak is the partition's. `predict` (the
+    step's, where the backend makes memory plans: a stitched step graph -> its wrapper's
+    planned peak) makes a budget read against predicted peaks, as trainc.compile's does."""
     out = gm.graph.output_node()
     outs = list(out.args[0])
     backward = tangent_dependent(gm)
@@ -46,13 +51,17 @@ def recompute_in_step(gm: fx.GraphModule, config: Config) -> tuple[fx.GraphModul
     out.args = ([outs[i] for i in fwd_idx] + [outs[i] for i in bwd_idx],)
     try:
         sig = GraphSignature((), (), len(fwd_idx), (), (), (), True)
-        part = _partition(JointGraph(gm, sig), config, [outs[i] for i in fwd_idx], backward)
+        predict_part = None if predict is None else \
+            (lambda part: predict(_stitch(gm, part, fwd_idx, bwd_idx, True)))
+        part = _partition(JointGraph(gm, sig), config, [outs[i] for i in fwd_idx], backward,
+                          predict_part)
     finally:
         out.args = (outs,)
     return _stitch(gm, part, fwd_idx, bwd_idx, config.memory_budget is not None), part
 
 
-def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set) -> Partition:
+def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
+               predict: Optional[Callable[[Partition], int]] = None) -> Partition:
     """Without a budget, the min-cut's default plan (mincut_choose.OBJECTIVES) under the step's
     costs. With one, the budget search of mincut_choose, over candidates from two cost models
     (the policy's, and the step's, where backward-only values are free): each sweep alone finds
@@ -80,9 +89,33 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set)
         cache[policy, name, fuses] = step_costs, default, refined(joint, step_costs,
                                                                   list(plans.values()))
     step_costs, default, plans = cache[policy, name, fuses]
-    best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
-                          f"a training step of {len(joint.gm.graph.nodes)} nodes")
+    graph_name = f"a training step of {len(joint.gm.graph.nodes)} nodes"
+    if predict is not None:
+        best, note = _by_prediction(joint, step_costs, default, plans, config, graph_name,
+                                    predict)
+    else:
+        best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
+                              graph_name)
     return build_partition(joint, step_costs, list(best.saved), "budget", note)
+
+
+def _by_prediction(joint: JointGraph, costs: CostModel, default: B.Plan, plans: list,
+                   config: Config, graph_name: str, predict) -> tuple[B.Plan, Optional[str]]:
+    """The least-recompute plan whose predicted step peak (the stitched step's memory plan)
+    fits the budget's cap, read against predicted peaks (budget.predicted_cap)."""
+    rungs = B.ladder(plans, default)
+    preds = B.Predictions(lambda p: predict(build_partition(joint, costs, list(p.saved),
+                                                            "budget", None, observe=False)))
+    default_peak, low = preds(default), preds(rungs[0])
+    cap, note = B.predicted_cap(config.memory_budget, default_peak, low, B.fixed_bytes(costs),
+                                graph_name)
+    if cap is None:
+        return default, note
+    best = B.last_under(rungs, preds, cap)  # the leanest rung fits: cap >= low
+    mib = 2 ** 20
+    return best, (f"budget: predicted step peak cap {cap / mib:.3f} MiB (default plan "
+                  f"{default_peak / mib:.3f}, lowest found {low / mib:.3f}); chosen plan "
+                  f"{preds(best) / mib:.3f} MiB; {len(preds.peaks)} plans predicted")
 
 
 def _step_costs(gm: fx.GraphModule, policy: P.SavePolicy, fwd_outs: list,

@@ -17,7 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import (artifact_cache, attention, chunked_loss, debug, decisions, distributed,
                     records, rng)
-from trainc.codegen import CompiledGraph, compile_workers, prestart_for, target_for
+from trainc.codegen import (CompiledGraph, compile_workers, memory_planner, prestart_for,
+                            target_for)
 from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph, trace_functional
@@ -178,7 +179,7 @@ class CompiledStep:
         config, backend = backend_for(self.config, _device(flat), step=True)
         part = None
         if recompute:  # after CSE, which would merge the recomputed copies back
-            gm, part = recompute_in_step(gm, config)
+            gm, part = recompute_in_step(gm, config, _step_predictor(backend, sig, config))
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = post_grad(gm, sig, config, check=False)
@@ -396,3 +397,18 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
                          "step is traced as one graph)")
     prestart_for(model, config)  # Triton compile workers, for a CUDA module
     return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)
+
+
+def _step_predictor(backend, sig, config: Config):
+    """Under a memory budget, a stitched step graph -> the peak its wrapper's memory plan
+    predicts after the post-grad passes (codegen/driver.py memory_plan_only); None without a
+    budget or where the backend makes no plan (aten: the partitioner's simulation decides)."""
+    planner = memory_planner(backend)
+    if planner is None or config.memory_budget is None:
+        return None
+
+    def predict(stitched: fx.GraphModule) -> int:
+        g = post_grad(stitched, sig, config, check=False)
+        return planner(g, [n.meta.get("val") for n in g.graph.nodes
+                           if n.op == "placeholder"]).peak_bytes
+    return predict

@@ -28,8 +28,8 @@ def _spy(monkeypatch):
     seen = []
     real = step_mod.recompute_in_step
 
-    def spy(gm, config):
-        out = real(gm, config)
+    def spy(gm, config, predict=None):
+        out = real(gm, config, predict)
         seen.append((gm, *out))
         return out
     monkeypatch.setattr(step_mod, "recompute_in_step", spy)
@@ -207,3 +207,34 @@ def test_default_step_recomputes_in_one_backward_region(monkeypatch):
     assert any(d.action == "recomputed" for d in part.decisions)
     regions = {n.meta.get(REGION) for n in gm.graph.nodes if n.op == "call_function"}
     assert regions == {FORWARD, BACKWARD}, regions
+
+
+def test_step_budget_caps_the_predicted_peak_on_cpp():
+    """compile_step reads a fraction against the stitched step's predicted peaks (its wrapper's
+    memory plan): the chosen plan is under low + f * (default - low), and the measured peak
+    falls with the budget and stays within 10% of the chosen plan's prediction."""
+    import re
+    from trainc import records
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 128),
+                                      nn.GELU(approximate="tanh"), nn.Linear(128, 32))
+                        for _ in range(3)])
+    x = torch.randn(128, 32)
+    peak, notes = {}, {}
+    for budget in (None, 0.5, 0.0):
+        mm = copy.deepcopy(m)
+        with records.recording() as recs:
+            step = trainc.compile_step(mm, lambda mod, x: mod(x).pow(2).mean(),
+                                       torch.optim.AdamW(mm.parameters(), lr=1e-3),
+                                       backend="cpp", memory_budget=budget)
+            step(x)
+        notes[budget] = [n for r in recs for n in r.partition_notes]
+        peak[budget] = _resident_peak(step, x)
+    assert notes[None] == []
+    for budget in (0.5, 0.0):
+        (note,) = notes[budget]
+        cap, default, low, chosen = map(float, re.findall(r"(\d+\.\d+)", note)[:4])
+        assert low <= chosen <= cap + 1e-3 and cap <= default, note
+        assert abs(cap - (low + budget * (default - low))) <= 2e-3, note
+        assert abs(peak[budget] / 2**20 - chosen) <= 0.1 * chosen, (note, peak)
+    assert peak[0.0] <= peak[0.5] <= peak[None], peak
