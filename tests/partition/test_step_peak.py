@@ -56,17 +56,22 @@ def test_saved_values_the_backward_never_reads_die_at_once():
     assert p.peak == 180
 
 
-def test_predicted_step_peak_within_10_percent_of_measured_on_cpp():
+def _residual_mlp(rows: int):
+    """Four residual GELU-MLP blocks sharing two weights, and its inputs (x: rows x 64)."""
     g = torch.Generator().manual_seed(0)
     w1 = torch.randn(64, 256, generator=g, requires_grad=True)
     w2 = torch.randn(256, 64, generator=g, requires_grad=True)
-    x = torch.randn(2048, 64, generator=g, requires_grad=True)
+    x = torch.randn(rows, 64, generator=g, requires_grad=True)
 
     def f(x, w1, w2):
         for _ in range(4):
             x = x + torch.tanh(F.gelu(x @ w1) @ w2)
         return x.square().mean()
+    return f, x, w1, w2
 
+
+def test_predicted_step_peak_within_10_percent_of_measured_on_cpp():
+    f, x, w1, w2 = _residual_mlp(2048)
     for budget in (None, 0.0):
         torch._dynamo.reset()
         opts = dict(backend="cpp", memory_budget=budget, cpp_keep_buffers=False,
@@ -87,15 +92,7 @@ def test_budget_caps_the_predicted_peak_on_cpp():
     """A fraction f caps the step's predicted peak at low + f * (default - low), read against
     the wrappers' memory plans (not the partitioner's simulation); an int caps it in bytes
     (graph inputs counted), and one below the lowest plan names the smallest feasible cap."""
-    g = torch.Generator().manual_seed(0)
-    w1 = torch.randn(64, 256, generator=g, requires_grad=True)
-    w2 = torch.randn(256, 64, generator=g, requires_grad=True)
-    x = torch.randn(1024, 64, generator=g, requires_grad=True)
-
-    def f(x, w1, w2):
-        for _ in range(4):
-            x = x + torch.tanh(F.gelu(x @ w1) @ w2)
-        return x.square().mean()
+    f, x, w1, w2 = _residual_mlp(1024)
 
     def explain(budget):
         torch._dynamo.reset()
