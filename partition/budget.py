@@ -210,6 +210,14 @@ def predicted_cap(budget: Union[int, float], default_peak: int, low_peak: int, f
     return (None, None) if cap >= default_peak else (cap, None)
 
 
+def predicted_note(cap: int, default_peak: int, low: int, chosen: int, predicted: int) -> str:
+    """How a budget's cap on predicted peaks was read and met, for explain()."""
+    mib = 2 ** 20
+    return (f"budget: predicted step peak cap {cap / mib:.3f} MiB (default plan "
+            f"{default_peak / mib:.3f}, lowest found {low / mib:.3f}); chosen plan "
+            f"{chosen / mib:.3f} MiB; {predicted} plans predicted")
+
+
 def last_under(rungs: Sequence[Plan], predicted: Predictions, cap: int) -> Optional[Plan]:
     """The rung with the least recompute whose predicted peak fits `cap` (the predictions rise
     along the ladder as the simulation does); None when the leanest does not fit. Each

@@ -81,8 +81,6 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
             if (best := B.last_under(r, p, cap)) is not None]
     _, i, best = min(fits, key=lambda f: f[:2])  # the leanest graph's leanest rung fits
     joint, costs = searched[i][:2]
-    mib = 2 ** 20
-    note = (f"budget: predicted step peak cap {cap / mib:.3f} MiB (default plan "
-            f"{default_peak / mib:.3f}, lowest found {min(lows) / mib:.3f}); chosen plan "
-            f"{preds[i](best) / mib:.3f} MiB; {sum(len(p.peaks) for p in preds)} plans predicted")
+    note = B.predicted_note(cap, default_peak, min(lows), preds[i](best),
+                            sum(len(p.peaks) for p in preds))
     return i, build_partition(joint, costs, list(best.saved), "budget", note)

@@ -112,10 +112,7 @@ def _by_prediction(joint: JointGraph, costs: CostModel, default: B.Plan, plans: 
     if cap is None:
         return default, note
     best = B.last_under(rungs, preds, cap)  # the leanest rung fits: cap >= low
-    mib = 2 ** 20
-    return best, (f"budget: predicted step peak cap {cap / mib:.3f} MiB (default plan "
-                  f"{default_peak / mib:.3f}, lowest found {low / mib:.3f}); chosen plan "
-                  f"{preds(best) / mib:.3f} MiB; {len(preds.peaks)} plans predicted")
+    return best, B.predicted_note(cap, default_peak, low, preds(best), len(preds.peaks))
 
 
 def _step_costs(gm: fx.GraphModule, policy: P.SavePolicy, fwd_outs: list,

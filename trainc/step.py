@@ -25,7 +25,8 @@ from trainc.joint import finish_graph, trace_functional
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
                           run_pre_hooks)
 from trainc.partition.whole_step import recompute_in_step
-from trainc.pipeline import backend_for, generate, joint_passes, no_cyclic_gc, post_grad
+from trainc.pipeline import (_example_inputs, backend_for, generate, joint_passes, no_cyclic_gc,
+                             post_grad)
 
 
 @dataclass(frozen=True)
@@ -409,6 +410,5 @@ def _step_predictor(backend, sig, config: Config):
 
     def predict(stitched: fx.GraphModule) -> int:
         g = post_grad(stitched, sig, config, check=False)
-        return planner(g, [n.meta.get("val") for n in g.graph.nodes
-                           if n.op == "placeholder"]).peak_bytes
+        return planner(g, _example_inputs(g)).peak_bytes
     return predict
