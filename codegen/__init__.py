@@ -125,6 +125,16 @@ def memory_planner(backend: Backend) -> Optional[Callable[[fx.GraphModule, Seque
     return lambda gm, example_inputs: memory_plan_only(inner, gm, example_inputs)
 
 
+def memory_models(backend: Backend) -> Optional[Callable]:
+    """(graph, example inputs) -> an offload request -> its MemoryPlan (driver.memory_model);
+    None for ATen."""
+    inner = getattr(backend, "inner", backend)
+    if not hasattr(inner, "lower"):
+        return None
+    from trainc.codegen.driver import memory_model
+    return lambda gm, example_inputs: memory_model(inner, gm, example_inputs)
+
+
 def compiles_natively_on_cuda(name: str, device: torch.device) -> bool:
     """Triton on CUDA, not under the interpreter: where kernels compile in worker processes
     (codegen/triton/compile_pool) and a compile can run beside the GPU's work."""

@@ -184,7 +184,12 @@ def _ptrs(args: list) -> list:
 def with_cudagraphs(compiled: CompiledGraph, gm: Optional[fx.GraphModule] = None,
                     auto: bool = False) -> CompiledGraph:
     """`auto` (the default cudagraphs of compile_step): capture only when the launches a replay
-    saves outweigh the inputs it copies in (see CudaGraphRunner.worth_it)."""
+    saves outweigh the inputs it copies in (see CudaGraphRunner.worth_it). A graph with
+    offloaded buffers is not replayed: its copies to and from host memory run on side streams
+    with allocations a capture cannot hold."""
+    plan = compiled.extra.get("memory_plan")
+    if plan is not None and plan.offload:
+        return compiled
     static = None
     if gm is not None and STATIC_INPUTS in gm.meta:
         names = gm.meta[STATIC_INPUTS]

@@ -18,6 +18,7 @@ from trainc.codegen import CompiledGraph
 from trainc.codegen.graph import CallNode, LoweredGraph
 from trainc.codegen.memory import MemoryPlan, plan_memory
 from trainc.codegen.memory.inplace import plan_storage
+from trainc.codegen.memory.offload import OFFLOAD, OffloadRequest, plan_offload
 from trainc.codegen.names import name_kernels
 from trainc.codegen.scheduler import Kernel, Schedule, schedule
 from trainc.codegen.target import Target
@@ -77,12 +78,14 @@ def generate(backend: Generator, gm: fx.GraphModule, example_inputs: Sequence,
     plans = [backend.plan_kernel(k, sched.graph) for k in kernels]
     sources = [backend.print_kernel(k, p, sched.graph) for k, p in zip(kernels, plans)]
     built = backend.build(kernels, sources, sched, device)
-    wrapper = write_wrapper(sched, built.params,
+    offload = plan_offload(gm.meta.get(OFFLOAD), sched, built.params)
+    wrapper = write_wrapper(sched, built.params, offload=offload,
                             **backend.wrapper_options(sched, foreign, device))
     return CompiledGraph(built.finish(wrapper.build(built.funcs)), tuple(k.info for k in kernels),
                          fallback_ops(sched), wrapper.source + built.listing,
                          {**built.extra, "seconds": time.perf_counter() - t0, **wrapper.stats,
                           **_plan_text(backend.target, plans), **dumps,
+                          "offloaded_outputs": wrapper.stats["memory_plan"].moved,
                           # plain data rebuild() turns back into `run` (artifact cache)
                           "recipe": (backend.name, built.recipe(wrapper))})
 
@@ -92,6 +95,13 @@ def memory_plan_only(backend: Generator, gm: fx.GraphModule,
     """The MemoryPlan `generate` would give the wrapper, without building kernels or printing
     the wrapper: what a memory budget's search predicts a candidate partition's peak from
     (kernels are planned and printed only for the buffers each one takes)."""
+    return memory_model(backend, gm, example_inputs)(gm.meta.get(OFFLOAD))
+
+
+def memory_model(backend: Generator, gm: fx.GraphModule,
+                 example_inputs: Sequence) -> Callable[[Optional[OffloadRequest]], MemoryPlan]:
+    """An offload request -> the MemoryPlan of `gm`'s wrapper with it: lowered and scheduled
+    once, each request only walked again (a budget's search tries several)."""
     device = backend.device(gm, example_inputs)
     sched = name_kernels(schedule(backend.lower(gm), **backend.schedule_options))
     foreign = backend.foreign(sched, example_inputs, device)
@@ -100,8 +110,9 @@ def memory_plan_only(backend: Generator, gm: fx.GraphModule,
     params = {k.name: list(backend.print_kernel(k, backend.plan_kernel(k, sched.graph),
                                                 sched.graph).params) for k in kernels}
     o = backend.wrapper_options(sched, foreign, device)
-    return plan_memory(sched, params, keep=o.get("keep", False), tensors=o.get("tensors", False),
-                       gemm=o.get("gemm"))
+    return lambda req: plan_memory(sched, params, keep=o.get("keep", False),
+                                   tensors=o.get("tensors", False), gemm=o.get("gemm"),
+                                   offload=plan_offload(req, sched, params))
 
 
 def fallback_ops(sched: Schedule) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ class Target(Protocol):
     cuda_graphs: bool  # compile_step replays its graphs as CUDA graphs by default (on CUDA)
     partition_objective: str  # the min-cut objective for graphs without convolutions/pooling
     compile_workers: bool  # natively on CUDA, kernels compile in worker processes
+    offloads: bool  # can move saved activations to host memory and back (codegen/memory/offload.py)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ReferenceTarget:
     cuda_graphs: bool = False  # only when asked (cudagraphs=True wraps any backend)
     partition_objective: str = "bytes"
     compile_workers: bool = False
+    offloads: bool = False
 
 
 ATEN = ReferenceTarget()

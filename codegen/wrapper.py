@@ -13,10 +13,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from trainc.codegen.graph import Buffer, CallNode, TensorArg
+from trainc.codegen.host_copies import HostCopies
 from trainc.codegen.memory import MemoryPlan, peak_rows, plan_memory
 from trainc.codegen.memory.inplace import OUT_VARIANTS
 from trainc.codegen.memory.kept import Kept, held_arenas, note_held  # noqa: F401 (re-exported)
-from trainc.codegen.memory.walk import MAKES, Event, reads
+from trainc.codegen.memory.offload import Offload
+from trainc.codegen.memory.walk import LOADS, MAKES, Event, reads
 from trainc.codegen.scheduler import Kernel, Schedule
 
 aten = torch.ops.aten
@@ -134,6 +136,9 @@ class _Printer:
         if plan.kept:
             self.ns["KEEP"] = Kept(plan.arena_bytes, [(k.offset, k.shape, k.stride, k.dtype)
                                                      for k in plan.kept], device)
+        self.host_outputs = set(plan.offload.saves) if plan.offload else set()
+        if plan.offload:
+            self.ns["OFF"] = HostCopies(device)
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -153,23 +158,29 @@ class _Printer:
         launches = self.tensors and any(isinstance(it, Kernel) for it in self.s.items)
         if launches:  # Triton: the stream and launch hooks, looked up once per call
             self.emit("K.begin()")
+        if self.plan.offload:
+            self.emit("HOSTC = OFF.begin()")
         for k, item in enumerate(self.s.items):
-            self._prepare_inputs(set(reads(item, self.params)))
             events = self.plan.item_events(k)
+            for e in events:
+                if e.kind in LOADS:
+                    self._event(e)
+            self._prepare_inputs(set(reads(item, self.params)))
             makes = [e for e in events if e.kind in MAKES]
             if isinstance(item, Kernel):
                 self._kernel(item, makes)
             else:
                 self._call(item, self.plan.forms[k], makes)
             for e in events:
-                if e.kind not in MAKES:
+                if e.kind not in MAKES and e.kind not in LOADS:
                     self._event(e)
         self._prepare_inputs(set(g.inputs))  # inputs only returned
         if launches:  # (a call that raised leaves it set: the next call sets it again)
             self.emit("K.end()")
         if self.plan.kept:
             self.emit("KEEP.release(KEPT)")
-        outs = ", ".join(self._arg(a) for a in g.outputs)
+        outs = ", ".join(f"{a.buf}__host" if isinstance(a, TensorArg) and a.whole and
+                         a.buf in self.host_outputs else self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
 
@@ -184,6 +195,12 @@ class _Printer:
             self.emit(f"{e.buf} = {e.src}  # in place")
         elif e.kind in ("free", "drop"):
             self.emit(f"del {e.buf}")
+        elif e.kind == "offload":
+            self.emit(f"{e.buf}__host = HOSTC.save({e.buf})  # to host")
+        elif e.kind == "prefetch":
+            self.emit(f"{e.buf}, {e.buf}__ready = HOSTC.load({e.buf})  # back from host")
+        elif e.kind == "ready":
+            self.emit(f"HOSTC.ready({e.buf}__ready); del {e.buf}__ready")
 
     def _alloc(self, name: str) -> None:
         b: Buffer = self.g.buffers[name]
@@ -301,16 +318,18 @@ def _peak_comment(stats: dict) -> str:
 def write_wrapper(sched: Schedule, params: dict[str, list[str]], *, tensors: bool = False,
                   device: Optional[torch.device] = None, keep: bool = False,
                   host_scalars: Sequence[str] = (),
-                  gemm: Optional[Callable[..., Optional[Callable]]] = None) -> Wrapper:
+                  gemm: Optional[Callable[..., Optional[Callable]]] = None,
+                  offload: Optional[Offload] = None) -> Wrapper:
     """`params`: per kernel name, the buffers it takes, in order: as data pointers (C++
     functions through ctypes) or, with `tensors`, as tensors (Triton launchers). Buffers are
     allocated on `device` (None: torch's default device); with `keep`, those that never leave
     the wrapper once, then kept across calls (stats["kept_bytes"]). `host_scalars`: one-element
     CPU inputs of a graph whose kernels run on `device`, copied there once per call. `gemm`:
     per mm/addmm call (and `inplace=True`: one run in place), a function to call instead of
-    ATen's out= or in-place form (codegen/cpp/gemm.py), or None. The memory plan comes first
+    ATen's out= or in-place form (codegen/cpp/gemm.py), or None. `offload`: buffers moved to
+    host and back (codegen/memory/offload.py). The memory plan comes first
     (stats["memory_plan"]); the wrapper is printed from it."""
-    plan = plan_memory(sched, params, keep=keep, tensors=tensors, gemm=gemm)
+    plan = plan_memory(sched, params, keep=keep, tensors=tensors, gemm=gemm, offload=offload)
     p = _Printer(sched, plan, params, tensors, device, host_scalars, gemm)
     body = p.write()
     stats = {"fresh_bytes": plan.fresh_bytes - plan.arena_bytes, "peak_bytes": plan.peak_bytes,

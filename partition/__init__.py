@@ -6,8 +6,9 @@ the rest, so every partitioner yields graphs of the same layout (trainc/graph.py
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch.fx as fx
 
@@ -28,7 +29,7 @@ Chooser = Callable[[JointGraph, CostModel, Config], tuple[list, str, Optional[st
 
 PARTITIONERS: dict[str, Chooser] = {"save_all": choose_save_all, "mincut": choose_mincut}
 
-__all__ = ["partition", "build_partition", "Partition", "Decision", "SavePolicy", "BudgetError",
+__all__ = ["partition", "build_partition", "with_moved", "Partition", "Decision", "SavePolicy", "BudgetError",
            "PARTITIONERS", "observing", "split_joint"]
 
 
@@ -45,6 +46,7 @@ class Decision:
     recompute_flops: int
     rule: str
     storage: str = ""  # node owning the storage: saved views of one base are counted once
+    offload: bool = False  # saved in host memory between the forward and the backward
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Partition:
     decisions: tuple[Decision, ...]
     memory: Optional[MemoryProfile] = None  # simulated liveness of fwd then bwd
     notes: tuple[str, ...] = ()
+    offloaded: tuple[str, ...] = ()  # saved values asked to move to host memory (and back)
 
     @property
     def saved_bytes(self) -> int:
@@ -98,18 +101,44 @@ def partition(joint: JointGraph, config: Config) -> Partition:
 
 
 def build_partition(joint: JointGraph, costs: CostModel, saved: list, mode: str,
-                    note: Optional[str], observe: bool = True) -> Partition:
+                    note: Optional[str], observe: bool = True,
+                    offload: Iterable[str] = ()) -> Partition:
     """Split the joint graph at `saved` and report every decision (mode: "default", "budget"
     or "save_all", which names the rules in the report). `observe`: `observing()` sees it (a
-    budget search's trial partitions are not)."""
+    budget search's trial partitions are not). `offload`: names of saved values a budget moves
+    to host memory; trainc.policy('offload') values are asked too (mode "save_all" aside)."""
     saved = list(dict.fromkeys(_viewed_input(n, costs) or n for n in saved))
     plan = evaluate(joint, costs, saved, mode)
     fwd, bwd = split_joint(joint, saved)
-    part = Partition(fwd, bwd, tuple(n.name for n in saved), _decisions(plan, costs, mode),
-                     plan.memory, (note,) if note else ())
+    budgeted = set(offload)
+    tagged = set() if mode == "save_all" else set(costs.offload_tags)
+    moved = tuple(n.name for n in saved if (n.name in budgeted or n.name in tagged)
+                  and costs[n].nbytes > 0 and costs[n].cls != P.INPUT)
+    decisions = tuple(_offloaded(d, d.name in tagged) if d.name in moved else d
+                      for d in _decisions(plan, costs, mode))
+    part = Partition(fwd, bwd, tuple(n.name for n in saved), decisions,
+                     plan.memory, (note,) if note else (), moved)
     for seen in _observers if observe else ():
         seen.append(part)
     return part
+
+
+def with_moved(part: Partition, moved: Iterable[str], why: str) -> Partition:
+    """The partition as the codegen carried out its offloads: a value asked to move to host
+    memory that stayed on the device says `why`."""
+    moved = set(moved)
+    decisions = tuple(
+        dataclasses.replace(d, offload=False, rule=f"{d.rule}; kept on the device: {why}")
+        if d.offload and d.name not in moved else d for d in part.decisions)
+    return dataclasses.replace(part, decisions=decisions,
+                               offloaded=tuple(n for n in part.offloaded if n in moved))
+
+
+def _offloaded(d: Decision, tagged: bool) -> Decision:
+    rule = ("user policy: trainc.policy('offload') region: saved in host memory" if tagged else
+            "budget: saved in host memory (copied out in the forward, back before its backward "
+            "use) to meet the peak-memory cap")
+    return dataclasses.replace(d, offload=True, rule=rule)
 
 
 def _viewed_input(n: fx.Node, costs: CostModel) -> Optional[fx.Node]:

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import flop_registry
 
 from trainc.graph import val
 from trainc.partition import policy as P
-from trainc.partition.tags import user_tags
+from trainc.partition.tags import offload_tagged, user_tags
 
 # Rough per-element FLOPs of ops without a torch.utils.flop_counter formula.
 _PHILOX_FLOPS_PER_ELEMENT = 40  # 10 rounds of 2 multiplies, xors and key bumps
@@ -43,6 +43,7 @@ class CostModel:
         self.costs: dict[fx.Node, NodeCost] = {}
         self.by_name: dict[str, fx.Node] = {}
         self.tags = user_tags(gm)
+        self.offload_tags = offload_tagged(gm)  # "save" tags that also ask for host memory
         self.cut_cache: dict = {}  # partition/mincut.py: flow-graph pieces and their cuts
         for n in gm.graph.nodes:
             self.by_name[n.name] = n

@@ -9,7 +9,7 @@ backward: `outputs_held=False`, the default.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch.fx as fx
 
@@ -92,14 +92,16 @@ def predict_step_peak(part, fwd, bwd, outputs_held: bool = False) -> Optional[St
     bp = bwd.extra.get("memory_plan") if bwd is not None else None
     if part is None or fp is None or bp is None:
         return None
-    return plans_step_peak(part, fp, bp, outputs_held)
+    return plans_step_peak(part, fp, bp, outputs_held, part.offloaded)
 
 
-def plans_step_peak(part, fwd_plan, bwd_plan, outputs_held: bool = False) -> StepPeak:
-    """The StepPeak of a Partition from its two graphs' MemoryPlans."""
+def plans_step_peak(part, fwd_plan, bwd_plan, outputs_held: bool = False,
+                    moved: Sequence[str] = ()) -> StepPeak:
+    """The StepPeak of a Partition from its two graphs' MemoryPlans; `moved`: saved values in
+    host memory between the two (the backward's plan counts them from their copy back)."""
     fp, bp = fwd_plan, bwd_plan
-    storages = {d.name: d.storage or d.name for d in part.decisions
-                if d.action == "saved" and not d.is_input}
-    sizes = {d.storage or d.name: d.nbytes for d in part.decisions
-             if d.action == "saved" and not d.is_input}
+    held = [d for d in part.decisions if d.action == "saved" and not d.is_input and
+            d.name not in set(moved)]
+    storages = {d.name: d.storage or d.name for d in held}
+    sizes = {d.storage or d.name: d.nbytes for d in held}
     return step_peak(fp, bp, part.bwd, storages, sizes, outputs_held)

@@ -1,7 +1,8 @@
 """trainc.policy regions in a joint graph -> the tag of each forward value the partitioner honours.
 
 "save": never recomputed (saved wherever the backward needs it, directly or to recompute
-another value). "recompute": never saved where recomputing is legal (`recompute_legal`), else
+another value). "offload": saved as "save" is, then moved to host memory between the forward
+and the backward where the backend can (`offload_tagged`; the Triton backend). "recompute": never saved where recomputing is legal (`recompute_legal`), else
 saved, and the report says why. A value only backward formulas need (it is neither
 tangent-dependent nor needed by a forward output) that reads a "recompute" value is
 "recompute" too: saving it would keep the region's activations in another form.
@@ -11,16 +12,15 @@ from __future__ import annotations
 import torch.fx as fx
 
 from trainc.graph import val
-from trainc.joint import UnsupportedError
 from trainc.regions import OFFLOAD, RECOMPUTE, SAVE, tag_of
 from trainc.partition import policy as P
 from trainc.partition.split import tangent_dependent
 
-__all__ = ["user_tags", "recompute_legal", "SAVE", "RECOMPUTE"]
+__all__ = ["user_tags", "offload_tagged", "recompute_legal", "SAVE", "RECOMPUTE"]
 
 
 def user_tags(gm: fx.GraphModule) -> dict[fx.Node, str]:
-    """Tag of every tagged forward call_function node; offload regions raise."""
+    """Tag of every tagged forward call_function node ("offload" reads as "save" here)."""
     backward = tangent_dependent(gm)
     outs = [o for o in gm.graph.output_node().args[0]
             if isinstance(o, fx.Node) and o not in backward]
@@ -35,15 +35,14 @@ def user_tags(gm: fx.GraphModule) -> dict[fx.Node, str]:
             tag = RECOMPUTE
         if tag is not None:
             tags[n] = tag
-    offloaded = [n for n, t in tags.items() if t == OFFLOAD]
-    if offloaded:
-        raise UnsupportedError(
-            f"trainc: trainc.policy('offload') is not supported yet: offloading saved values to "
-            f"host memory is not implemented (issue #11 item 2). {len(offloaded)} value(s) of "
-            f"this graph are in an offload region, the first {offloaded[0].name} "
-            f"({P.op_name(offloaded[0])}){_where(offloaded[0])}. Use trainc.policy('recompute') "
-            "or trainc.policy('save'), or a memory_budget, instead.")
-    return tags
+    return {n: SAVE if t == OFFLOAD else t for n, t in tags.items()}
+
+
+def offload_tagged(gm: fx.GraphModule) -> frozenset[str]:
+    """Names of the forward values inside trainc.policy('offload') regions."""
+    backward = tangent_dependent(gm)
+    return frozenset(n.name for n in gm.graph.nodes if n.op == "call_function" and
+                     n not in backward and tag_of(n) == OFFLOAD)
 
 
 def recompute_legal(n: fx.Node, policy: P.SavePolicy) -> bool:

@@ -70,7 +70,10 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
     rungs = [B.ladder(plans, default) for _, _, default, plans in searched]
     preds = [B.Predictions(predictor(joint, costs)) for joint, costs, _, _ in searched]
     joint0, costs0, default0, _ = searched[0]
-    default_peak = preds[0](default0)
+    # where saved values may move to host (trainc/offloading.py), a plan's prediction is its
+    # peak with the most moved; the default plan moves none
+    base = getattr(preds[0].predict, "base", preds[0])
+    default_peak = base(default0)
     lows = [p(r[0]) for p, r in zip(preds, rungs)]
     name = f"a graph of {len(joint0.gm.graph.nodes)} nodes"
     cap, note = B.predicted_cap(config.memory_budget, default_peak, min(lows),
@@ -81,6 +84,10 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
             if (best := B.last_under(r, p, cap)) is not None]
     _, i, best = min(fits, key=lambda f: f[:2])  # the leanest graph's leanest rung fits
     joint, costs = searched[i][:2]
-    note = B.predicted_note(cap, default_peak, min(lows), preds[i](best),
+    moves = getattr(preds[i].predict, "offload", None)
+    moved, chosen = moves(best, cap) if moves else ((), preds[i](best))
+    note = B.predicted_note(cap, default_peak, min(lows), chosen,
                             sum(len(p.peaks) for p in preds))
-    return i, build_partition(joint, costs, list(best.saved), "budget", note)
+    if moves:
+        note += f"; {len(moved)} saved values moved to host memory"
+    return i, build_partition(joint, costs, list(best.saved), "budget", note, offload=moved)

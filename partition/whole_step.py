@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from trainc.config import Config
 from trainc.graph import GraphSignature, JointGraph
-from trainc.partition import Partition, build_partition, generates_kernels
+from trainc.partition import Partition, build_partition, generates_kernels, with_moved
 from trainc.partition import budget as B
 from trainc.partition import policy as P
 from trainc.partition.cost import CostModel
@@ -75,7 +75,8 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
     objective = OBJECTIVES[name]
     if config.memory_budget is None:  # the default plan: no sweep over budgets
         costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
-        return build_partition(joint, costs, objective(joint, costs), "default", None)
+        return _on_device(build_partition(joint, costs, objective(joint, costs), "default",
+                                          None))
     cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph, policy, objective, backend
     if (policy, name, fuses) not in cache:
         step_costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
@@ -96,7 +97,13 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
     else:
         best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
                               graph_name)
-    return build_partition(joint, step_costs, list(best.saved), "budget", note)
+    return _on_device(build_partition(joint, step_costs, list(best.saved), "budget", note))
+
+
+def _on_device(part: Partition) -> Partition:
+    """trainc.policy('offload') values stay on the device in a step graph, and say so."""
+    return with_moved(part, (), "compile_step keeps saved values in device memory (offload "
+                      "is trainc.compile's)") if part.offloaded else part
 
 
 def _by_prediction(joint: JointGraph, costs: CostModel, default: B.Plan, plans: list,

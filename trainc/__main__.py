@@ -106,6 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rep.add_argument("--out", default="trainc_report")
     rep.add_argument("--steps", type=int, default=5)
     rep.add_argument("--backend", default="auto")
+    rep.add_argument("--offload", action="store_true",
+                     help="budgets may move saved activations to host memory (Config.offload)")
     rep.add_argument("--suite", default=SUITE, help="path of the suite models.py")
     args = ap.parse_args(argv)
     if args.cmd == "debug":
@@ -122,7 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch_budgets = args.torch_budgets if args.torch_budgets is not None else \
         (1.0, 0.5, 0.0) if args.device == "cuda" else ()
     result = report.tradeoff(model, inputs, loss_fn, budgets, name=name, steps=args.steps,
-                             out_dir=args.out, backend=args.backend, torch_budgets=torch_budgets)
+                             out_dir=args.out, backend=args.backend, torch_budgets=torch_budgets,
+                             **({"offload": True} if args.offload else {}))
     print(result.table())
     print(f"wrote {args.out}/{name}_tradeoff.csv, .json, .png")
     return 0

@@ -19,6 +19,10 @@ class Config:
     # peak capped at low + f * (default - low); int: a cap in bytes on the predicted peak
     # (the graph's inputs plus its simulated peak). See partition/budget.py.
     memory_budget: Optional[Union[float, int]] = None
+    # A memory budget may also move saved activations to pinned host memory between the forward
+    # and the backward, copied on side streams (trainc/offloading.py; backends whose target
+    # offloads: triton). trainc.policy("offload") regions move their values without it.
+    offload: bool = False
     # "mincut": min-cut on the bytes/FLOPs cost model (partition/); "save_all" keeps every
     # value the backward reads (the reference partition). compile_step: the same choice inside
     # its one graph (recomputed copies placed before their first backward use).
@@ -89,7 +93,8 @@ class Config:
     triton_compile_workers: int = 16
     # backend="cpp": "auto" runs each float32/bfloat16 mm/addmm call site through oneDNN's
     # inner product instead of ATen's mm (MKL) where timing both at compile time says it is
-    # faster (codegen/cpp/gemm.py); "aten": always ATen's.
+    # faster (codegen/cpp/gemm.py); "aten": always ATen's. "auto" is "aten" under
+    # torch.distributed with several ranks (resolve()): every rank must choose the same.
     # TRAINC_CPP_GEMM sets it.
     cpp_gemm: str = "auto"
     # backend="triton" on CUDA: a backward compiled again at a call whose tangents arrive in a
@@ -238,4 +243,12 @@ def resolve(config: Config, target: Any, device_type: str, step: bool = False,
         values["cudagraphs"] = "auto" if on else False
     if config.conv_channels_last is None:
         values["conv_channels_last"] = target.channels_last
+    if config.cpp_gemm == "auto" and world_size() > 1:
+        values["cpp_gemm"] = "aten"  # a timed choice can differ between ranks (#13 item 3)
     return dataclasses.replace(config, **values) if values else config
+
+
+def world_size() -> int:
+    """Ranks of the initialized torch.distributed group (1 without one)."""
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

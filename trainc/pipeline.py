@@ -12,15 +12,17 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from trainc import artifact_cache, chunked_loss, debug, decisions, records, sdpa_rewrite
+from trainc import (artifact_cache, chunked_loss, debug, decisions, offloading, records,
+                    sdpa_rewrite)
 from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
-                            get_backend, memory_planner, target_for)
+                            get_backend, memory_models, memory_planner, target_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
+from trainc.codegen.memory.offload import OFFLOAD, min_bytes as offload_min_bytes
 from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
-from trainc.partition import build_partition, partition
+from trainc.partition import build_partition, partition, with_moved
 from trainc.partition.step_peak import plans_step_peak
 from trainc.partition.variants import chooses_variants, partition_variants
 from trainc.passes import (JOINT_PASSES, POST_GRAD_PASSES, check_mutations, enabled,
@@ -99,7 +101,18 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     bwd_gm = post_grad(part.bwd, None, config) if part else None
     dump.lap("post-grad passes")
     stays = [i.name for i in joint.signature.inputs if i.kind in _STAYS_PUT]
+    moves = part is not None and bool(part.offloaded) and backend.target.offloads
+    bandwidth = offloading.host_bandwidth(device) if moves else 0.0
+    if moves:
+        fwd_gm.meta[OFFLOAD] = offloading.save_request(fwd_gm, part, bandwidth)
     fwd = generate(backend, fwd_gm, stays)
+    if part is not None and part.offloaded:
+        moved = offloading.request_loads([bwd_gm, acc_gm], part, fwd_gm,
+                                         fwd.extra.get("offloaded_outputs", ()), bandwidth) \
+            if moves else ()
+        part = with_moved(part, moved, f"the codegen moves only whole buffers of at least "
+                          f"{offload_min_bytes()} bytes that it makes and returns once" if moves
+                          else f"backend {backend.name!r} keeps saved values in device memory")
     dump.lap("codegen forward")
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)
@@ -192,6 +205,8 @@ def _predictor(backend: Backend, config: Config):
     planner = memory_planner(backend)
     if planner is None:
         return None
+    if config.offload and backend.target.offloads:
+        return _offload_predictor(backend, config)
 
     def for_joint(joint, costs):
         def predict(plan) -> int:
@@ -201,6 +216,26 @@ def _predictor(backend: Backend, config: Config):
             return plans_step_peak(part, planner(fwd_gm, _example_inputs(fwd_gm)),
                                    planner(bwd_gm, _example_inputs(bwd_gm))).peak
         return predict
+    return for_joint
+
+
+def _offload_predictor(backend: Backend, config: Config):
+    """_predictor's search where saved values may move to host memory (trainc/offloading.py)."""
+    models = memory_models(backend)
+    bandwidth = None
+
+    def for_joint(joint, costs):
+        nonlocal bandwidth
+        if bandwidth is None:
+            bandwidth = offloading.host_bandwidth(_device(_example_inputs(joint.gm)))
+
+        def build(plan):
+            part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
+            return part, post_grad(part.fwd, joint.signature, config), post_grad(part.bwd, None,
+                                                                                  config)
+        return offloading.BudgetOffload(
+            build, lambda gm: models(gm, _example_inputs(gm)),
+            lambda part, f, b, moved: plans_step_peak(part, f, b, False, moved), bandwidth)
     return for_joint
 
 
@@ -219,6 +254,8 @@ def _compile_for_tangents(backend, bwd_gm: fx.GraphModule, functional: fx.GraphM
     as usual). The saved values keep the layouts _saved_layouts gave them."""
     zeros = [k == ZERO_TANGENT for k in layout]
     gm = _zero_tangent_backward(functional, n_tangents, zeros, config) if any(zeros) else bwd_gm
+    if OFFLOAD in bwd_gm.meta:  # saved values that arrive on the host, as in bwd_gm
+        gm.meta[OFFLOAD] = bwd_gm.meta[OFFLOAD]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     traced = [n.meta.get("val") for n in placeholders]
     try:

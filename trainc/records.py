@@ -150,7 +150,8 @@ def publish(record: GraphRecord, config: Config) -> None:
 def decision_table(decisions: Sequence[Decision]) -> str:
     """The per-value partition report: one row per value the backward uses."""
     head = ("name", "action", "op", "shape", "dtype", "bytes", "recompute_flops", "rule")
-    rows = [head] + [(d.name, d.action + (" (input)" if d.is_input else ""), d.op, str(d.shape),
+    rows = [head] + [(d.name, d.action + (" (input)" if d.is_input else "") +
+                      (" (host)" if d.offload else ""), d.op, str(d.shape),
                       d.dtype, str(d.nbytes), str(d.recompute_flops), d.rule) for d in decisions]
     return format_table(rows)
 

@@ -21,8 +21,9 @@ POLICIES = (SAVE, RECOMPUTE, OFFLOAD)
 def policy(name: str) -> ContextManager[None]:
     """Values computed inside the block are saved for the backward ("save": never recomputed),
     recomputed in the backward where legal ("recompute": never saved), or offloaded to host
-    memory ("offload": not implemented yet; compiling a graph that uses it raises
-    trainc.UnsupportedError). Outside a compiled region the block does nothing."""
+    memory between the forward and the backward ("offload": saved as "save" is, then copied to
+    pinned host memory and back on side streams; the Triton backend on CUDA, elsewhere saved).
+    Outside a compiled region the block does nothing."""
     if name not in POLICIES:
         raise ValueError(f"trainc.policy: unknown policy {name!r}; expected one of {POLICIES}")
     if torch.compiler.is_dynamo_compiling():  # Dynamo records the annotation on its nodes

@@ -50,6 +50,7 @@ class CppTarget:
     cuda_graphs: bool = False
     partition_objective: str = "balanced"  # Config.partition_objective: recompute costs on CPUs
     compile_workers: bool = False
+    offloads: bool = False  # host memory is the device's
 
     @property
     def vector_lanes(self) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from trainc.codegen.graph import CallNode
 from trainc.codegen.memory.kept import KeptBuffer, plan_kept
+from trainc.codegen.memory.offload import Offload, offloaded_outputs
 from trainc.codegen.memory.walk import Event, walk
 from trainc.codegen.scheduler import Kernel, Schedule
 
@@ -28,6 +29,8 @@ class MemoryPlan:
     # the graph's tensor inputs in placeholder order, with their bytes: the plan never counts
     # them live (the caller allocated them), but frees them after their last use (free events)
     inputs: tuple[tuple[str, int], ...] = ()
+    offload: Optional[Offload] = None  # buffers moved to host and back (offload.py)
+    moved: tuple[int, ...] = ()  # output positions the wrapper returns as host copies
 
     @cached_property
     def live_bytes(self) -> tuple[int, ...]:
@@ -65,7 +68,7 @@ class MemoryPlan:
             raise IndexError(f"memory plan: no event {i} (it has {len(self.events)})")
         live: dict[str, int] = {}
         for e in self.events[:i + 1]:
-            if e.kind in ("alloc", "aten"):
+            if e.kind in ("alloc", "aten", "prefetch"):
                 live[e.buf] = e.delta
             elif e.kind in ("reuse", "inplace") and e.src in live:
                 live[e.buf] = live.pop(e.src)
@@ -98,6 +101,8 @@ class MemoryPlan:
         if self.storage:
             lines += ["", "in place (result <- the buffer it overwrites):"]
             lines += [f"  {x} <- {t}" for x, t in self.storage]
+        if self.offload:
+            lines += ["", str(self.offload)]
         if self.kept:
             lines += ["", f"kept across calls (arena {self.arena_bytes} B):"]
             lines += [f"  {k}" for k in self.kept]
@@ -106,16 +111,19 @@ class MemoryPlan:
 
 def plan_memory(sched: Schedule, params: dict[str, list[str]], *, keep: bool = False,
                 tensors: bool = False,
-                gemm: Optional[Callable[..., Optional[Callable]]] = None) -> MemoryPlan:
+                gemm: Optional[Callable[..., Optional[Callable]]] = None,
+                offload: Optional[Offload] = None) -> MemoryPlan:
     """The memory plan of `sched` (its in-place plan already in `sched.graph.storage`).
     `params`: per kernel, the buffers it takes; `keep`: keep the buffers that never leave the
     wrapper across calls; `tensors`: kernels take tensors (Triton), not data pointers; `gemm`:
-    per mm/addmm call, a function the wrapper runs instead of ATen's out= form, or None."""
-    w = walk(sched, params, gemm)
-    kept, arena = plan_kept(sched, w, params, tensors) if keep else ((), 0)
+    per mm/addmm call, a function the wrapper runs instead of ATen's out= form, or None;
+    `offload`: buffers moved to host and back (no buffers are kept then)."""
+    w = walk(sched, params, gemm, offload)
+    kept, arena = plan_kept(sched, w, params, tensors) if keep and not offload else ((), 0)
     g = sched.graph
     return MemoryPlan(w.events, w.forms, tuple(g.storage.items()), kept, arena,
-                      tuple((b, g.buffers[b].nbytes) for b in g.inputs))
+                      tuple((b, g.buffers[b].nbytes) for b in g.inputs), offload or None,
+                      offloaded_outputs(g, offload))
 
 
 def peak_rows(plan: MemoryPlan, sched: Schedule, top: int = 12) -> list[tuple]:

@@ -3,7 +3,11 @@
 A buffer dies after its last reader; a dead buffer the wrapper allocated is reused for the next
 allocation of the same element count and dtype (never graph outputs); an in-place result the
 in-place plan (inplace.py) accepted takes its target's storage. Per schedule item the events are
-its allocations (alloc, reuse, inplace, aten) then its frees (pool, free, drop).
+its allocations (alloc, reuse, inplace, aten) then its frees (pool, free, drop). With an
+Offload (offload.py), a forward output moved to host is copied after the item making it
+(offload) and freed like any other buffer once its copy is estimated done; a backward input
+arriving on the host is copied back before an item (prefetch: allocated then) and waited for
+before its first reader (ready).
 """
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ from typing import Callable, Optional
 from trainc.codegen.graph import Buffer, CallNode, LoweredGraph, TensorArg
 from trainc.codegen.ir import contiguous_strides
 from trainc.codegen.memory.inplace import out_variant
+from trainc.codegen.memory.offload import Offload
 from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
 
 MAKES = ("alloc", "reuse", "inplace", "aten")  # events before an item runs; the rest after it
+LOADS = ("prefetch", "ready")  # before an item too, ahead of its inputs' layout checks
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class Event:
     item overwrites), aten (a result ATen allocates), pool (dead, held for a reuse next),
     free (`del` after the last use), drop (`del` of a target whose storage a result took)."""
     item: int  # position in the schedule
+    # kinds: MAKES, LOADS, then "offload" (a copy to host started) and the frees below
     kind: str
     buf: str
     delta: int = 0  # bytes added to (+) or freed from (-) the planned live total
@@ -57,17 +64,20 @@ def pool_key(b: Buffer) -> tuple:
 
 
 def walk(sched: Schedule, params: dict[str, list[str]],
-         gemm: Optional[Callable[..., Optional[Callable]]] = None) -> Walk:
+         gemm: Optional[Callable[..., Optional[Callable]]] = None,
+         offload: Optional[Offload] = None) -> Walk:
     """The events of running `sched` (params: per kernel, the buffers it takes; gemm: the
-    backend's per-call replacement for ATen's mm, which then allocates its own result)."""
-    w = _Walker(sched, params, gemm or (lambda call, inplace=False: None))
+    backend's per-call replacement for ATen's mm, which then allocates its own result;
+    offload: buffers moved to host and back)."""
+    w = _Walker(sched, params, gemm or (lambda call, inplace=False: None), offload or Offload())
     for k, item in enumerate(sched.items):
         w.item(k, item)
     return Walk(tuple(w.events), tuple(w.forms), w.root)
 
 
 class _Walker:
-    def __init__(self, sched: Schedule, params: dict[str, list[str]], gemm: Callable):
+    def __init__(self, sched: Schedule, params: dict[str, list[str]], gemm: Callable,
+                 offload: Offload):
         self.s, self.g, self.params, self.gemm = sched, sched.graph, params, gemm
         self.events: list[Event] = []
         self.forms: list[str] = []
@@ -83,8 +93,26 @@ class _Walker:
         self.no_pool = {b for it in sched.items if isinstance(it, CallNode) and
                         it.kind == "fallback" for b in reads(it, params)}
         self.wanted = self._future_allocs()
+        # offloads: a saved buffer leaves as its host copy, is never pooled (its copy may still
+        # read it) and dies after its last reader or its copy's estimated end, whichever is later
+        self.saves = offload.saves
+        self.keep -= set(self.saves)
+        self.no_pool |= set(self.saves)
+        self.late_dead: dict[int, set[str]] = {}
+        for b, done in self.saves.items():
+            self.last[b] = max(self.last.get(b, 0), done)
+            self.late_dead.setdefault(self.last[b], set()).add(b)
+        self.loads = offload.loads
+        self.issues: dict[int, list[str]] = {}
+        self.readies: dict[int, list[str]] = {}
+        for b, (p, u) in self.loads.items():
+            self.issues.setdefault(p, []).append(b)
+            self.readies.setdefault(u, []).append(b)
 
     def item(self, k: int, item) -> None:
+        self.events += [Event(k, "prefetch", b, self.g.buffers[b].nbytes)
+                        for b in self.issues.get(k, ())]
+        self.events += [Event(k, "ready", b) for b in self.readies.get(k, ())]
         if isinstance(item, Kernel):
             self.forms.append("kernel")
             for n in item.nodes:
@@ -92,6 +120,8 @@ class _Walker:
                     self.alloc(k, n.name)
         else:
             self._call(k, item)
+        made = [n.name for n in item.nodes] if isinstance(item, Kernel) else item.outputs
+        self.events += [Event(k, "offload", b) for b in made if b in self.saves]
         self.free(k, item)
 
     def _call(self, k: int, c: CallNode) -> None:
@@ -161,7 +191,8 @@ class _Walker:
     def free(self, k: int, item) -> None:
         # inputs too: run() empties its argument list, so a saved activation the caller handed
         # over (the backward's) is freed after its last use, not when the backward returns
-        dead = sorted({b for b in reads(item, self.params) if self.last.get(b) == k} - self.keep
+        near = set(reads(item, self.params)) | self.late_dead.get(k, set())
+        dead = sorted({b for b in near if self.last.get(b) == k} - self.keep
                       - set(self.g.consts) - self.claimed)
         for b in dead:
             buf = self.g.buffers[b]
@@ -172,7 +203,8 @@ class _Walker:
                 pooled.append(b)
                 self.events.append(Event(k, "pool", b))
             else:
-                frees = buf.kind in ("compute", "call") and not _overwrote(self.g, self.storage, b)
+                frees = buf.kind in ("compute", "call") and not _overwrote(
+                    self.g, self.storage, b) or b in self.loads
                 self.events.append(Event(k, "free", b, -buf.nbytes if frees else 0))
         self.events += [Event(k, "drop", t) for t in self.drop]
         self.drop = []

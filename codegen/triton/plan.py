@@ -54,6 +54,7 @@ class TritonTarget:
     cuda_graphs: bool = True
     partition_objective: str = "bytes"  # recompute is cheap on GPUs
     compile_workers: bool = True
+    offloads: bool = True
 
     def __str__(self) -> str:
         div = "IEEE float32 division" if self.precise_div else "float32 division by `/`"

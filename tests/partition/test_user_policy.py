@@ -141,14 +141,6 @@ def test_budgets_honour_regions(monkeypatch, budget, tag):
         assert not tagged & {d.name for d in part.decisions if d.action == "recomputed"}
 
 
-def test_offload_raises_unsupported():
-    torch._dynamo.reset()
-    x = torch.randn(8, 64, requires_grad=True)
-    with pytest.raises(trainc.UnsupportedError, match=r"trainc.policy\('offload'\).*not "
-                                                      r"supported.*host memory"):
-        trainc.compile(Block("offload"), backend="aten")(x)
-
-
 def test_unknown_policy_name():
     with pytest.raises(ValueError, match="unknown policy 'keep'"):
         trainc.policy("keep")

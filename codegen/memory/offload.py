@@ -1,0 +1,273 @@
+"""Saved activations offloaded to host memory: which buffers move, and where in the schedule.
+
+The forward copies an offloaded output to pinned host memory on a side stream right after the
+item that makes it and frees the device copy once the copy is estimated done and its last
+forward reader ran; the backward copies it back on another side stream, started just early
+enough (estimated) that the copy is done before its first reader. Estimates come from a rough
+time per schedule item (`item_seconds`) and the host link's bandwidth: they only place those
+events, and the memory plan then counts exactly what the wrapper does at them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from trainc.codegen.graph import CallNode, LoweredGraph, TensorArg
+from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
+
+aten = torch.ops.aten
+
+# Values smaller than this are never offloaded: each offload costs host time (a pinned
+# allocation, stream waits) that only pays for itself on large tensors.
+MIN_BYTES = 1 << 20
+# Rough device rates for placing copies (H100/H200 class, effective rather than peak): memory
+# bandwidth for kernels and ATen calls, matmul/convolution/attention rate per dtype width.
+MEMORY_BYTES_PER_S = 3.0e12
+FLOPS_PER_S = {2: 5.0e14, 4: 5.0e13, 8: 2.5e13}
+# A backward copy starts this much earlier than the estimate says it must (estimates are rough;
+# a late copy stalls the step, an early one only holds its memory a little longer).
+LOAD_MARGIN = 1.5
+
+_MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm"}
+
+
+@dataclass(frozen=True)
+class Offload:
+    """save: forward buffers copied to host after the item making them, each with the first
+    item after which its device copy may be freed; load: backward input buffers that arrive on
+    the host, each with the item before which its copy back starts, and its first reader."""
+    save: tuple[tuple[str, int], ...] = ()
+    load: tuple[tuple[str, int, int], ...] = ()
+    stall_seconds: float = 0.0  # estimated time the backward waits for its copies
+    late: int = 0  # forward copies estimated to end after the forward does
+    span_seconds: float = 0.0  # the graph's estimated time (offload.item_seconds)
+
+    @property
+    def saves(self) -> dict[str, int]:
+        return dict(self.save)
+
+    @property
+    def loads(self) -> dict[str, tuple[int, int]]:
+        return {b: (p, u) for b, p, u in self.load}
+
+    def __bool__(self) -> bool:
+        return bool(self.save or self.load)
+
+    def __str__(self) -> str:
+        lines = [f"offload: {len(self.save)} saved to host, {len(self.load)} loaded back; "
+                 f"estimated stall {self.stall_seconds * 1e3:.3f} ms, {self.late} late"]
+        lines += [f"  save {b} (device copy freed from item {k})" for b, k in self.save]
+        lines += [f"  load {b} (copy starts before item {p}, first read by item {u})"
+                  for b, p, u in self.load]
+        return "\n".join(lines)
+
+
+def min_bytes() -> int:
+    return MIN_BYTES
+
+
+def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
+    """Output positions from `first` on whose buffer can move to host: a whole buffer the
+    wrapper makes (not an input or a constant, nor in an input's storage), output once, at
+    least MIN_BYTES."""
+    outs = [a for a in g.outputs if isinstance(a, TensorArg)]
+    count: dict[str, int] = {}
+    for a in outs:
+        count[a.buf] = count.get(a.buf, 0) + 1
+    taken = set(g.storage.values())
+    out = []
+    for j, a in enumerate(g.outputs):
+        if j < first or not isinstance(a, TensorArg) or not a.whole or count[a.buf] > 1:
+            continue
+        b = g.buffers[a.buf]
+        if b.kind in ("compute", "call") and not _in_input(g, a.buf) and a.buf not in taken \
+                and b.nbytes >= MIN_BYTES:
+            out.append(j)
+    return out
+
+
+def _in_input(g: LoweredGraph, b: str) -> bool:
+    """b lives in the storage of a graph input (an in-place chain back to one)."""
+    seen = set()
+    while b in g.storage and b not in seen:
+        seen.add(b)
+        b = g.storage[b]
+    return b in g.inputs or g.buffers[b].kind in ("input", "const")
+
+
+def item_seconds(sched: Schedule, params: dict[str, list[str]]) -> list[float]:
+    """A rough time per schedule item: the larger of its bytes over memory bandwidth and its
+    matmul/convolution/attention FLOPs over the device's rate."""
+    g = sched.graph
+    out = []
+    for item in sched.items:
+        if isinstance(item, Kernel):
+            names = list(params.get(item.name, ()))
+            names += [n.name for n in item.nodes if n.name not in item.local]
+        else:
+            names = _call_buffers(item) + [o for o in item.outputs if o is not None]
+        nbytes = sum(g.buffers[b].nbytes for b in dict.fromkeys(names) if b in g.buffers)
+        flops, width = _flops(item, g) if isinstance(item, CallNode) else (0, 4)
+        out.append(max(nbytes / MEMORY_BYTES_PER_S, flops / FLOPS_PER_S.get(width, 5.0e13)))
+    return out
+
+
+def _flops(c: CallNode, g: LoweredGraph) -> tuple[float, int]:
+    shapes = [g.buffers[b].shape for b in _call_buffers(c) if b in g.buffers]
+    outs = [g.buffers[o] for o in c.outputs if o is not None and o in g.buffers]
+    if not outs or not shapes:
+        return 0.0, 4
+    width = torch.empty((), dtype=outs[0].dtype).element_size()
+    numel = _numel(outs[0].shape)
+    name = str(c.target)
+    if c.target in _MATMULS:
+        a = shapes[-2] if c.target is aten.addmm.default else shapes[0]
+        return 2.0 * numel * a[-1], width
+    if "convolution_backward" in name:
+        return 4.0 * _numel(shapes[0]) * _numel(shapes[2][1:]), width
+    if "convolution" in name:
+        return 2.0 * numel * _numel(shapes[1][1:]), width
+    if "scaled_dot_product" in name:
+        q, k = shapes[0], shapes[1]
+        fwd = 4.0 * _numel(q) * k[-2]
+        return (2.5 * fwd if "backward" in name else fwd), width
+    return 0.0, width
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _starts(seconds: Sequence[float]) -> list[float]:
+    out, t = [], 0.0
+    for s in seconds:
+        out.append(t)
+        t += s
+    return out
+
+
+def plan_saves(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str],
+               bandwidth: float) -> Offload:
+    """The forward's offloads of `bufs`: each copy starts when its item is done, one at a time
+    on the side stream; the device copy is freed after the item during which the copy is
+    estimated to end (never before its last reader: walk.py keeps that)."""
+    secs = item_seconds(sched, params)
+    starts = _starts(secs)
+    end_of = len(secs) - 1
+    made = _made_at(sched)
+    stream, save, late = 0.0, [], 0
+    for b in sorted(bufs, key=lambda b: made[b]):
+        k = made[b]
+        begin = max(starts[k] + secs[k], stream)
+        stream = begin + sched.graph.buffers[b].nbytes / bandwidth
+        done = next((i for i in range(k, len(secs)) if starts[i] + secs[i] >= stream), None)
+        late += done is None
+        save.append((b, end_of if done is None else done))
+    return Offload(save=tuple(save), late=late, span_seconds=sum(secs))
+
+
+def plan_loads(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str],
+               bandwidth: float) -> Offload:
+    """The backward's loads of `bufs` (inputs arriving on the host): copies in first-use order
+    on one side stream, each started LOAD_MARGIN times its estimated length before it must end
+    (the next copy's start, or its first reader's), as late as that allows; the stall is what
+    the step would wait for them as estimated."""
+    secs = item_seconds(sched, params)
+    starts = _starts(secs)
+    first = _first_reads(sched, params)
+    order = sorted(bufs, key=lambda b: first.get(b, len(secs)))
+    nbytes = {b: sched.graph.buffers[b].nbytes for b in order}
+    issue: dict[str, int] = {}
+    deadline = float("inf")
+    for b in reversed(order):
+        u = first.get(b, len(secs) - 1)
+        end = min(starts[u], deadline)
+        begin = end - LOAD_MARGIN * nbytes[b] / bandwidth
+        deadline = begin
+        issue[b] = max([k for k in range(u + 1) if starts[k] <= begin], default=0)
+    stream, stall = 0.0, 0.0
+    for b in order:  # the estimate run forwards: a copy issued at item p starts when p does
+        u = first.get(b, len(secs) - 1)
+        stream = max(starts[issue[b]] + stall, stream) + nbytes[b] / bandwidth
+        stall += max(0.0, stream - (starts[u] + stall))
+    load = tuple((b, issue[b], first.get(b, len(secs) - 1)) for b in order)
+    return Offload(load=load, stall_seconds=stall, span_seconds=sum(secs))
+
+
+def _made_at(sched: Schedule) -> dict[str, int]:
+    made = {}
+    for k, item in enumerate(sched.items):
+        names = [n.name for n in item.nodes] if isinstance(item, Kernel) else \
+            [o for o in item.outputs if o is not None]
+        for b in names:
+            made.setdefault(b, k)
+    return made
+
+
+def _first_reads(sched: Schedule, params: dict[str, list[str]]) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for k, item in enumerate(sched.items):
+        names = params.get(item.name, ()) if isinstance(item, Kernel) else _call_buffers(item)
+        for b in names:
+            first.setdefault(b, k)
+    return first
+
+
+def output_buffers(g: LoweredGraph, positions: Sequence[int]) -> list[str]:
+    return [g.outputs[j].buf for j in positions]
+
+
+def input_buffers(g: LoweredGraph, positions: Sequence[int]) -> list[str]:
+    """The input buffers of placeholder positions (a Python number's placeholder has none)."""
+    return [g.params[j] for j in positions
+            if j < len(g.params) and g.params[j] in g.buffers and g.params[j] in g.inputs]
+
+
+def merged(a: Optional[Offload], b: Optional[Offload]) -> Optional[Offload]:
+    if not a:
+        return b or None
+    if not b:
+        return a
+    return Offload(a.save + b.save, a.load + b.load, a.stall_seconds + b.stall_seconds,
+                   a.late + b.late, max(a.span_seconds, b.span_seconds))
+
+
+# gm.meta key: an OffloadRequest, what the partition asks the codegen to move (pipeline.py)
+OFFLOAD = "trainc_offload"
+
+
+@dataclass(frozen=True)
+class OffloadRequest:
+    """outputs: forward output positions to move to host where they can (saveable_outputs);
+    inputs: backward placeholder positions that arrive on the host (all must load);
+    bandwidth: the host link's bytes per second, for placing the copies."""
+    outputs: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
+    bandwidth: float = 2.5e10
+
+
+def plan_offload(req: Optional[OffloadRequest], sched: Schedule,
+                 params: dict[str, list[str]]) -> Optional[Offload]:
+    """The Offload of one graph for its request (None: nothing moves)."""
+    if req is None or not (req.outputs or req.inputs):
+        return None
+    g = sched.graph
+    wanted = set(req.outputs)
+    saves = output_buffers(g, [j for j in saveable_outputs(g, 0) if j in wanted])
+    loads = input_buffers(g, req.inputs)
+    if len(loads) != len(set(req.inputs)):
+        raise ValueError(f"trainc: offload: backward inputs {sorted(req.inputs)} asked to load "
+                         f"from host, but only {len(loads)} of them are tensor inputs")
+    out = plan_saves(sched, params, saves, req.bandwidth) if saves else None
+    return merged(out, plan_loads(sched, params, loads, req.bandwidth) if loads else None)
+
+
+def offloaded_outputs(g: LoweredGraph, off: Optional[Offload]) -> tuple[int, ...]:
+    """The output positions whose host copy the wrapper returns."""
+    moved = set(off.saves) if off else set()
+    return tuple(j for j, a in enumerate(g.outputs) if isinstance(a, TensorArg) and a.buf in moved)

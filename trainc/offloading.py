@@ -1,0 +1,175 @@
+"""Saved activations in host memory: which saved values move, and the requests that tell the
+codegen to move them (codegen/memory/offload.py places the copies, codegen/host_copies.py runs
+them).
+
+A value moves when a trainc.policy("offload") region made it, or when a memory budget with
+Config.offload needs the memory: the budget's search (partition/variants.py) reads each
+candidate plan's predicted step peak with the most saved bytes moved that the copies' estimates
+allow (the forward's copies done before it ends, the backward barely waiting), then moves the
+fewest that meet the cap. Values move in the order the forward makes them: the first made are
+the last the backward reads, so their copies have the longest to run.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+
+from trainc.codegen.memory import offload as O
+from trainc.codegen.memory.offload import OffloadRequest
+from trainc.config import world_size
+from trainc.partition import Partition
+
+# The share of the backward's estimated time it may wait for copies back and still count as
+# overlapped (the estimates are rough; more waiting is a plan that costs time).
+STALL_SHARE = 0.02
+DEFAULT_BANDWIDTH = 2.5e10  # bytes/s where nothing is measured (a CPU device: clones)
+_BANDWIDTH: dict = {}
+
+
+def host_bandwidth(device: torch.device) -> float:
+    """The host link's bytes per second for pinned copies, measured once per CUDA device (64 MiB
+    each way, the slower direction's best of three). Under torch.distributed with several ranks
+    it is DEFAULT_BANDWIDTH unmeasured: a measurement differs between ranks, and so would the
+    copies' places in the wrappers (every rank must compile the same code)."""
+    if device.type != "cuda" or world_size() > 1:
+        return DEFAULT_BANDWIDTH
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _BANDWIDTH:
+        n = 64 << 20
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        best = []
+        for to_host in (True, False):
+            times = []
+            for _ in range(3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                start.record()
+                (host.copy_(dev, non_blocking=True) if to_host else
+                 dev.copy_(host, non_blocking=True))
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            best.append(n / min(times))
+        _BANDWIDTH[index] = min(best)
+    return _BANDWIDTH[index]
+
+
+def _outputs(gm: fx.GraphModule) -> int:
+    return len(gm.graph.output_node().args[0])
+
+
+def save_request(fwd_gm: fx.GraphModule, part: Partition, bandwidth: float,
+                 names: Optional[Sequence[str]] = None) -> OffloadRequest:
+    """The forward's request to move the saved values `names` (default: the partition's
+    offloaded): its output positions (the saved values are its last outputs)."""
+    wanted = set(part.offloaded if names is None else names)
+    first = _outputs(fwd_gm) - len(part.saved)
+    return OffloadRequest(outputs=tuple(first + j for j, s in enumerate(part.saved)
+                                        if s in wanted), bandwidth=bandwidth)
+
+
+def request_loads(bwd_gms: Sequence[Optional[fx.GraphModule]], part: Partition,
+                  fwd_gm: fx.GraphModule, moved: Sequence[int], bandwidth: float) -> tuple:
+    """Tell every backward graph which saved values arrive on the host (`moved`: the forward
+    wrapper's output positions it returns as host copies); the names moved."""
+    first = _outputs(fwd_gm) - len(part.saved)
+    inputs = tuple(p - first for p in moved)
+    for gm in bwd_gms:
+        if gm is not None:
+            gm.meta[O.OFFLOAD] = OffloadRequest(inputs=inputs, bandwidth=bandwidth)
+    return tuple(part.saved[j] for j in inputs)
+
+
+class BudgetOffload:
+    """A memory budget's predictions for one joint graph when saved values may move: a plan ->
+    its predicted step peak with the most moved that the copies allow (`__call__`), without
+    moving any (`base`), and the fewest moved that meet a cap (`offload`).
+
+    `build(plan)` gives (partition, forward graph, backward graph) after the post-grad passes;
+    `models(gm)` an offload request -> that graph's MemoryPlan (codegen/driver.memory_model);
+    `step_peak(part, fwd_plan, bwd_plan, moved)` the StepPeak."""
+
+    def __init__(self, build: Callable, models: Callable, step_peak: Callable, bandwidth: float):
+        self.build, self.models, self.step_peak = build, models, step_peak
+        self.bandwidth = bandwidth
+        self.graphs: dict = {}
+        self.peaks: dict = {}  # (plan key, n) -> (peak, feasible)
+        self.most: dict = {}  # plan key -> the most values that can move
+
+    def _graphs(self, plan):
+        key = _key(plan)
+        if key not in self.graphs:
+            part, fwd, bwd = self.build(plan)
+            order = _made_order(fwd, part)
+            nbytes = {d.name: d.nbytes for d in part.decisions}
+            movable = [d.name for d in part.decisions if d.action == "saved" and not d.is_input
+                       and not d.offload and d.nbytes >= O.MIN_BYTES and d.name in order]
+            cands = sorted(movable, key=lambda s: order[s])
+            self.graphs[key] = (part, fwd, bwd, self.models(fwd), self.models(bwd), cands,
+                                nbytes)
+        return self.graphs[key]
+
+    def peak(self, plan, n: int) -> tuple[int, bool]:
+        """The predicted step peak with the first n candidates moved (and any the policy
+        moves), and whether the copies' estimates let them overlap the compute."""
+        key = (_key(plan), n)
+        if key not in self.peaks:
+            part, fwd, bwd, fmodel, bmodel, cands, _ = self._graphs(plan)
+            names = list(part.offloaded) + cands[:n]
+            fplan = fmodel(save_request(fwd, part, self.bandwidth, names))
+            first = _outputs(fwd) - len(part.saved)
+            inputs = tuple(p - first for p in fplan.moved)
+            bplan = bmodel(OffloadRequest(inputs=inputs, bandwidth=self.bandwidth))
+            moved = [part.saved[j] for j in inputs]
+            fo, bo = fplan.offload, bplan.offload
+            ok = (fo is None or fo.late == 0) and (
+                bo is None or bo.stall_seconds <= STALL_SHARE * bo.span_seconds)
+            self.peaks[key] = (self.step_peak(part, fplan, bplan, moved).peak, ok)
+        return self.peaks[key]
+
+    def base(self, plan) -> int:
+        return self.peak(plan, 0)[0]
+
+    def __call__(self, plan) -> int:
+        k = _key(plan)
+        if k not in self.most:
+            cands = self._graphs(plan)[5]
+            lo, hi = 0, len(cands)  # the most that can move: feasibility falls as more do
+            if self.peak(plan, hi)[1]:
+                lo = hi
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if self.peak(plan, mid)[1] else (lo, mid)
+            self.most[k] = lo
+        return self.peak(plan, self.most[k])[0]
+
+    def offload(self, plan, cap: int) -> tuple[tuple[str, ...], int]:
+        """The fewest candidates (in the forward's order) whose moving meets `cap`, within the
+        most that can move, and the predicted peak then."""
+        self(plan)
+        most = self.most[_key(plan)]
+        if self.peak(plan, 0)[0] <= cap:
+            n = 0
+        else:
+            lo, hi = 0, most  # peak(lo) > cap >= peak(hi), or hi = most
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if self.peak(plan, mid)[0] <= cap else (mid, hi)
+            n = hi
+        return tuple(self._graphs(plan)[5][:n]), self.peak(plan, n)[0]
+
+
+def _made_order(fwd: fx.GraphModule, part: Partition) -> dict[str, int]:
+    """Saved value name -> where the forward graph makes it (the saved values are its last
+    outputs; the post-grad passes may have renamed their nodes)."""
+    place = {n: i for i, n in enumerate(fwd.graph.nodes)}
+    outs = fwd.graph.output_node().args[0]
+    first = len(outs) - len(part.saved)
+    return {s: place[o] for s, o in zip(part.saved, outs[first:]) if isinstance(o, fx.Node)}
+
+
+def _key(plan) -> tuple:
+    return tuple(n.name for n in plan.saved)
