@@ -3,6 +3,11 @@ trainc, side by side, then show trainc's memory/recompute trade-off (table and P
 
     python recipes/train_gpt.py [--steps 40] [--device cpu] [--mode step|model] [--budget F]
                                 [--out train_gpt_out] [--d 128 --layers 2 --batch 32 --seq 256]
+    torchrun --nproc-per-node N recipes/train_gpt.py --ddp | --fsdp [...]
+
+With --ddp every run wraps its model in DistributedDataParallel; with --fsdp each block and then
+the model are sharded with FSDP2's fully_shard (trainc compiles the model then: compile_step
+refuses FSDP). Each rank trains on its own batches (gloo on CPU, NCCL on CUDA); rank 0 prints.
 
 The three runs start from the same weights, see the same batches and take their steps in turn
 (a busy machine slows them alike). torch.compile compiles the model (loss and AdamW eager);
@@ -14,7 +19,9 @@ The default size is one where trainc is faster and smaller than both on a 2-core
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import math
 import os
 
@@ -63,8 +70,8 @@ class CharGPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def batches(data: torch.Tensor, steps: int, batch: int, seq: int, device: str):
-    g = torch.Generator().manual_seed(0)
+def batches(data: torch.Tensor, steps: int, batch: int, seq: int, device: str, rank: int = 0):
+    g = torch.Generator().manual_seed(rank)
     for _ in range(steps):
         starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
         x = torch.stack([data[s:s + seq] for s in starts])
@@ -81,7 +88,7 @@ def make_steps(model: nn.Module, args) -> tuple[dict, list]:
     """eager, torch.compile and trainc steps, each with its own copy of `model` and AdamW."""
     steps, scheds = {}, []
     for label in ("eager", "torch.compile", "trainc"):
-        m = copy.deepcopy(model)
+        m = parallel(copy.deepcopy(model), args)
         opt = torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=0.01)
         scheds.append(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.steps))
         if label == "torch.compile":
@@ -89,6 +96,31 @@ def make_steps(model: nn.Module, args) -> tuple[dict, list]:
         else:
             steps[label] = common.make_step(m, opt, loss_fn, args, compiled=label == "trainc")
     return steps, scheds
+
+
+def parallel(model: nn.Module, args) -> nn.Module:
+    """The model as --ddp or --fsdp wraps it (unchanged without either)."""
+    if args.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for b in model.blocks:
+            fully_shard(b)
+        return fully_shard(model)
+    return model
+
+
+def init_distributed(args) -> int:
+    """torchrun's process group (gloo on CPU, NCCL on CUDA); this rank."""
+    import torch.distributed as dist
+    if "RANK" not in os.environ:
+        raise SystemExit("--ddp/--fsdp: run under torchrun (torchrun --nproc-per-node N "
+                         "recipes/train_gpt.py --ddp)")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    return dist.get_rank()
 
 
 def eager_step(forward, opt):
@@ -126,25 +158,41 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--out", default="train_gpt_out")
+    ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel (torchrun)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard per block (torchrun)")
     args = ap.parse_args()
     common.check_args(ap, args)
+    if args.ddp and args.fsdp:
+        ap.error("--ddp and --fsdp: choose one")
+    rank = init_distributed(args) if args.ddp or args.fsdp else 0
+    if args.fsdp and args.mode == "step":
+        args.mode = "model"  # compile_step refuses FSDP-sharded models
+    with contextlib.redirect_stdout(io.StringIO()) if rank else contextlib.nullcontext():
+        run(args, rank)
+    if args.ddp or args.fsdp:
+        import torch.distributed as dist
+        dist.destroy_process_group()
 
+
+def run(args, rank: int) -> None:
     text = open(TEXT).read()
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     torch.manual_seed(0)
     model = CharGPT(len(chars), d=args.d, layers=args.layers, seq=args.seq,
                     dropout=args.dropout).to(args.device)
+    wrap = " under DDP" if args.ddp else " sharded with FSDP2" if args.fsdp else ""
     print(f"char-GPT: {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, "
-          f"{args.layers} layers of width {args.d}, batch {args.batch} x {args.seq} characters; "
-          f"{args.steps} steps on {args.device} ({torch.get_num_threads()} threads); trainc "
-          f"mode {args.mode!r}. The first steps compile.", flush=True)
+          f"{args.layers} layers of width {args.d}, batch {args.batch} x {args.seq} characters"
+          f"{wrap}; {args.steps} steps on {args.device} ({torch.get_num_threads()} threads); "
+          f"trainc mode {args.mode!r}. The first steps compile.", flush=True)
     steps, scheds = make_steps(model, args)
     runs = common.train_together(steps, batches(data, args.steps, args.batch, args.seq,
-                                                args.device), args.device,
+                                                args.device, rank), args.device,
                                  after_step=lambda label: scheds[list(steps).index(label)].step())
     common.compare_all(runs, args.batch * args.seq, "tok")
-    tradeoff(model, data, args)
+    if not (args.ddp or args.fsdp):
+        tradeoff(model, data, args)
 
 
 if __name__ == "__main__":
