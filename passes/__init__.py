@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from trainc.graph import GraphSignature
 from trainc.passes._graph import DEFER_RECOMPILE, allocation_stats
+from trainc.passes.as_strided_views import as_strided_views
 from trainc.passes.check_mutations import MutationError, check_mutations
 from trainc.passes.eliminate_common_subexpressions import eliminate_common_subexpressions
 from trainc.passes.fold_constants import fold_constants
@@ -29,9 +30,9 @@ Pass = Callable[[fx.GraphModule], fx.GraphModule]
 STATS = "trainc.pass_stats"  # gm.meta key: PassStats of the last run_passes on that graph
 
 # Run on the joint graph, before the partition. The graph stays functional.
-JOINT_PASSES: list[Pass] = [remove_aliases, remove_noops, fold_constants, one_hot_scatters,
-                            rewrite_patterns, eliminate_common_subexpressions, remove_noops,
-                            remove_dead_code]
+JOINT_PASSES: list[Pass] = [remove_aliases, as_strided_views, remove_noops, fold_constants,
+                            one_hot_scatters, rewrite_patterns, eliminate_common_subexpressions,
+                            remove_noops, remove_dead_code]
 # Run on the forward and backward graphs separately, after the partition; only
 # reinplace_ops introduces mutation, so it runs last.
 POST_GRAD_PASSES: list[Pass] = [remove_dead_code, pad_matmuls, reinplace_ops]
@@ -87,5 +88,5 @@ def mark_mutable_inputs(gm: fx.GraphModule, signature: GraphSignature) -> fx.Gra
     return gm
 
 
-__all__ = ["JOINT_PASSES", "POST_GRAD_PASSES", "run_passes", "enabled", "mark_mutable_inputs", "PassStats",
+__all__ = ["as_strided_views", "JOINT_PASSES", "POST_GRAD_PASSES", "run_passes", "enabled", "mark_mutable_inputs", "PassStats",
            "check_mutations", "MutationError", "register_rewrite", "Rewrite", "RULES"]
