@@ -97,6 +97,7 @@ class BudgetOffload:
         self.bandwidth = bandwidth
         self.graphs: dict = {}
         self.peaks: dict = {}  # (plan key, n) -> (peak, feasible)
+        self.moved: dict = {}  # (plan key, n) -> the names the wrappers move (of those asked)
         self.most: dict = {}  # plan key -> the most values that can move
 
     def _graphs(self, plan):
@@ -128,6 +129,7 @@ class BudgetOffload:
             ok = (fo is None or fo.late == 0) and (
                 bo is None or bo.stall_seconds <= STALL_SHARE * bo.span_seconds)
             self.peaks[key] = (self.step_peak(part, fplan, bplan, moved).peak, ok)
+            self.moved[key] = tuple(moved)
         return self.peaks[key]
 
     def base(self, plan) -> int:
@@ -148,7 +150,7 @@ class BudgetOffload:
 
     def offload(self, plan, cap: int) -> tuple[tuple[str, ...], int]:
         """The fewest candidates (in the forward's order) whose moving meets `cap`, within the
-        most that can move, and the predicted peak then."""
+        most that can move: the names the wrappers then move, and the predicted peak."""
         self(plan)
         most = self.most[_key(plan)]
         if self.peak(plan, 0)[0] <= cap:
@@ -159,7 +161,8 @@ class BudgetOffload:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if self.peak(plan, mid)[0] <= cap else (mid, hi)
             n = hi
-        return tuple(self._graphs(plan)[5][:n]), self.peak(plan, n)[0]
+        peak = self.peak(plan, n)[0]
+        return self.moved[_key(plan), n], peak
 
 
 def _made_order(fwd: fx.GraphModule, part: Partition) -> dict[str, int]:
