@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from trainc.codegen import dumps, functional, ir
-from trainc.graph import is_dense
+from trainc.graph import OFFLOAD_NODE, is_dense
 from trainc.codegen.ir import TensorValue
 from trainc.codegen.symbols import Symbols
 from trainc.passes.reinplace_ops import MUTABLE_INPUTS
@@ -120,6 +120,8 @@ class LoweredGraph:
     reuse: dict[str, str] = field(default_factory=dict)
     storage: dict[str, str] = field(default_factory=dict)  # the hints storage.py accepted
     symbols: Symbols = field(default_factory=Symbols)  # index symbols, numbered per graph
+    # (the OFFLOAD_NODE tag, its buffer stored whole): what an in-graph offload may move
+    offloadable: list[tuple[str, str]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return dumps.lowered_text(self)
@@ -363,6 +365,8 @@ class GraphLowering:
             elif node.op == "call_function":
                 self.env[node] = self._call(node, lowerings, is_extern)
                 self._maybe_realize(node)
+                if node.meta.get(OFFLOAD_NODE):
+                    self._offloadable(node)
             elif node.op == "output":
                 self.g.outputs = [self._output(a) for a in _flat(node.args[0])]
                 self._hint_written_back()
@@ -490,6 +494,12 @@ class GraphLowering:
             self.env[node] = narrow if narrow is not None else self.realize(v)
         elif _stored_anyway(node, v):
             self.env[node] = self._realize_as_traced(v, node)
+
+    def _offloadable(self, node: fx.Node) -> None:
+        v = self.env[node]
+        if isinstance(v, TensorValue) and self.is_buffer(v) and \
+                self.g.buffers[v.view.buf].kind in ("compute", "call"):
+            self.g.offloadable.append((str(node.meta[OFFLOAD_NODE]), v.view.buf))
 
     def _inline_limit(self, v: TensorValue, e: ir.Expr) -> int:
         """INLINE_LIMIT, or BROADCAST_INLINE_LIMIT for a value built only from data at least

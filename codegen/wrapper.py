@@ -198,7 +198,8 @@ class _Printer:
         elif e.kind == "offload":
             self.emit(f"{e.buf}__host = HOSTC.save({e.buf})  # to host")
         elif e.kind == "prefetch":
-            self.emit(f"{e.buf}, {e.buf}__ready = HOSTC.load({e.buf})  # back from host")
+            self.emit(f"{e.buf}, {e.buf}__ready = HOSTC.load({e.src or e.buf})"
+                      + (f"; del {e.src}" if e.src else "") + "  # back from host")
         elif e.kind == "ready":
             self.emit(f"HOSTC.ready({e.buf}__ready); del {e.buf}__ready")
 

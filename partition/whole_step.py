@@ -12,8 +12,8 @@ from typing import Callable, Optional
 import torch.fx as fx
 
 from trainc.config import Config
-from trainc.graph import GraphSignature, JointGraph
-from trainc.partition import Partition, build_partition, generates_kernels, with_moved
+from trainc.graph import OFFLOAD_NODE, GraphSignature, JointGraph
+from trainc.partition import Partition, build_partition, generates_kernels
 from trainc.partition import budget as B
 from trainc.partition import policy as P
 from trainc.partition.cost import CostModel
@@ -75,8 +75,7 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
     objective = OBJECTIVES[name]
     if config.memory_budget is None:  # the default plan: no sweep over budgets
         costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
-        return _on_device(build_partition(joint, costs, objective(joint, costs), "default",
-                                          None))
+        return build_partition(joint, costs, objective(joint, costs), "default", None)
     cache = joint.gm.meta.setdefault(PLANS, {})  # one sweep per graph, policy, objective, backend
     if (policy, name, fuses) not in cache:
         step_costs = _step_costs(joint.gm, policy, fwd_outs, backward, fuses)
@@ -97,13 +96,7 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
     else:
         best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
                               graph_name)
-    return _on_device(build_partition(joint, step_costs, list(best.saved), "budget", note))
-
-
-def _on_device(part: Partition) -> Partition:
-    """trainc.policy('offload') values stay on the device in a step graph, and say so."""
-    return with_moved(part, (), "compile_step keeps saved values in device memory (offload "
-                      "is trainc.compile's)") if part.offloaded else part
+    return build_partition(joint, step_costs, list(best.saved), "budget", note)
 
 
 def _by_prediction(joint: JointGraph, costs: CostModel, default: B.Plan, plans: list,
@@ -158,6 +151,9 @@ def _stitch(gm: fx.GraphModule, part: Partition, fwd_idx: list[int],
     fwd_out = _inline(graph, part.fwd, lambda i, p: inputs[p.name], FORWARD)
     n_fwd = len(fwd_idx)
     saved = fwd_out[n_fwd:]
+    for name, node in zip(part.saved, saved):  # to move to host and back inside the step
+        if name in part.offloaded and isinstance(node, fx.Node):
+            node.meta[OFFLOAD_NODE] = name
     bwd_out = _inline(graph, part.bwd,
                       lambda i, p: saved[i] if i < len(saved) else inputs[p.name], BACKWARD,
                       stretches)

@@ -15,6 +15,10 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
+# node.meta key: a saved value compile_step moves to host memory between its forward readers
+# and its backward ones (its partition name; codegen/memory/offload.py plan_inner)
+OFFLOAD_NODE = "trainc_offload_node"
+
 
 class InputKind(enum.Enum):
     PARAM = "param"

@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import (artifact_cache, attention, chunked_loss, debug, decisions, distributed,
-                    records, rng)
+                    offloading, records, rng)
 from trainc.codegen import (CompiledGraph, compile_workers, memory_planner, prestart_for,
                             target_for)
 from trainc.config import Config, make_config, resolve
@@ -24,6 +24,8 @@ from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph, trace_functional
 from trainc.optim import (HOOK_MODES, Rule, hyper_values, rule_for, run_post_hooks,
                           run_pre_hooks)
+from trainc.codegen.memory.offload import OFFLOAD, OffloadRequest
+from trainc.partition import with_moved
 from trainc.partition.whole_step import recompute_in_step
 from trainc.pipeline import (_example_inputs, backend_for, generate, joint_passes, no_cyclic_gc,
                              post_grad)
@@ -184,7 +186,16 @@ class CompiledStep:
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = post_grad(gm, sig, config, check=False)
+        moves = part is not None and bool(part.offloaded) and backend.target.offloads
+        if moves:  # trainc.policy('offload') values: out to host and back inside the step
+            gm.meta[OFFLOAD] = OffloadRequest(inner=True, bandwidth=offloading.host_bandwidth(
+                _device(flat)))
         compiled = generate(backend, gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
+        if part is not None and part.offloaded:
+            part = with_moved(part, compiled.extra.get("offloaded_nodes", ()), (
+                "the codegen moves only whole buffers that outlive a gap between their "
+                "readers, not graph outputs or in-place buffers") if moves else
+                f"backend {backend.name!r} keeps saved values in device memory")
         dump.compiled("30", "step", gm, compiled, "whole step graph given to the backend")
         dump.codegen(step=compiled)
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites,

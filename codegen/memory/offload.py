@@ -37,9 +37,13 @@ _MATMULS = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default
 class Offload:
     """save: forward buffers copied to host after the item making them, each with the first
     item after which its device copy may be freed; load: backward input buffers that arrive on
-    the host, each with the item before which its copy back starts, and its first reader."""
+    the host, each with the item before which its copy back starts, and its first reader;
+    inner: buffers of one graph (compile_step's) moved out and back within it: (buffer, the
+    item after which its device copy is freed, the item before which its copy back starts,
+    its first reader after that)."""
     save: tuple[tuple[str, int], ...] = ()
     load: tuple[tuple[str, int, int], ...] = ()
+    inner: tuple[tuple[str, int, int, int], ...] = ()
     stall_seconds: float = 0.0  # estimated time the backward waits for its copies
     late: int = 0  # forward copies estimated to end after the forward does
     span_seconds: float = 0.0  # the graph's estimated time (offload.item_seconds)
@@ -52,8 +56,12 @@ class Offload:
     def loads(self) -> dict[str, tuple[int, int]]:
         return {b: (p, u) for b, p, u in self.load}
 
+    @property
+    def inners(self) -> dict[str, tuple[int, int, int]]:
+        return {b: (f, p, u) for b, f, p, u in self.inner}
+
     def __bool__(self) -> bool:
-        return bool(self.save or self.load)
+        return bool(self.save or self.load or self.inner)
 
     def __str__(self) -> str:
         lines = [f"offload: {len(self.save)} saved to host, {len(self.load)} loaded back; "
@@ -61,6 +69,8 @@ class Offload:
         lines += [f"  save {b} (device copy freed from item {k})" for b, k in self.save]
         lines += [f"  load {b} (copy starts before item {p}, first read by item {u})"
                   for b, p, u in self.load]
+        lines += [f"  move {b} (device copy freed after item {f}, copy back before item {p}, "
+                  f"read again by item {u})" for b, f, p, u in self.inner]
         return "\n".join(lines)
 
 
@@ -178,24 +188,11 @@ def plan_loads(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str
     (the next copy's start, or its first reader's), as late as that allows; the stall is what
     the step would wait for them as estimated."""
     secs = item_seconds(sched, params)
-    starts = _starts(secs)
     first = _first_reads(sched, params)
-    order = sorted(bufs, key=lambda b: first.get(b, len(secs)))
-    nbytes = {b: sched.graph.buffers[b].nbytes for b in order}
-    issue: dict[str, int] = {}
-    deadline = float("inf")
-    for b in reversed(order):
-        u = first.get(b, len(secs) - 1)
-        end = min(starts[u], deadline)
-        begin = end - LOAD_MARGIN * nbytes[b] / bandwidth
-        deadline = begin
-        issue[b] = max([k for k in range(u + 1) if starts[k] <= begin], default=0)
-    stream, stall = 0.0, 0.0
-    for b in order:  # the estimate run forwards: a copy issued at item p starts when p does
-        u = first.get(b, len(secs) - 1)
-        stream = max(starts[issue[b]] + stall, stream) + nbytes[b] / bandwidth
-        stall += max(0.0, stream - (starts[u] + stall))
-    load = tuple((b, issue[b], first.get(b, len(secs) - 1)) for b in order)
+    uses = {b: first.get(b, len(secs) - 1) for b in bufs}
+    issue, stall = _issue(_starts(secs), [(b, uses[b], sched.graph.buffers[b].nbytes /
+                                           bandwidth, 0) for b in bufs])
+    load = tuple((b, issue[b], uses[b]) for b in sorted(bufs, key=lambda b: uses[b]))
     return Offload(load=load, stall_seconds=stall, span_seconds=sum(secs))
 
 
@@ -233,8 +230,9 @@ def merged(a: Optional[Offload], b: Optional[Offload]) -> Optional[Offload]:
         return b or None
     if not b:
         return a
-    return Offload(a.save + b.save, a.load + b.load, a.stall_seconds + b.stall_seconds,
-                   a.late + b.late, max(a.span_seconds, b.span_seconds))
+    return Offload(a.save + b.save, a.load + b.load, a.inner + b.inner,
+                   a.stall_seconds + b.stall_seconds, a.late + b.late,
+                   max(a.span_seconds, b.span_seconds))
 
 
 # gm.meta key: an OffloadRequest, what the partition asks the codegen to move (pipeline.py)
@@ -249,12 +247,13 @@ class OffloadRequest:
     outputs: tuple[int, ...] = ()
     inputs: tuple[int, ...] = ()
     bandwidth: float = 2.5e10
+    inner: bool = False  # move the graph's offloadable buffers out and back within it
 
 
 def plan_offload(req: Optional[OffloadRequest], sched: Schedule,
                  params: dict[str, list[str]]) -> Optional[Offload]:
     """The Offload of one graph for its request (None: nothing moves)."""
-    if req is None or not (req.outputs or req.inputs):
+    if req is None or not (req.outputs or req.inputs or req.inner):
         return None
     g = sched.graph
     wanted = set(req.outputs)
@@ -264,7 +263,75 @@ def plan_offload(req: Optional[OffloadRequest], sched: Schedule,
         raise ValueError(f"trainc: offload: backward inputs {sorted(req.inputs)} asked to load "
                          f"from host, but only {len(loads)} of them are tensor inputs")
     out = plan_saves(sched, params, saves, req.bandwidth) if saves else None
-    return merged(out, plan_loads(sched, params, loads, req.bandwidth) if loads else None)
+    out = merged(out, plan_loads(sched, params, loads, req.bandwidth) if loads else None)
+    inner = [b for _, b in g.offloadable if b in g.buffers] if req.inner else []
+    return merged(out, plan_inner(sched, params, inner, req.bandwidth) if inner else None)
+
+
+def plan_inner(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str],
+               bandwidth: float) -> Optional[Offload]:
+    """Moves within one graph: each buffer leaves over the longest gap between two of its
+    readers (the forward's last and the backward's first in a step) when its copy out is
+    estimated done before the gap ends; its copy back starts as plan_loads' would. Graph
+    outputs and buffers in an in-place chain stay."""
+    g = sched.graph
+    secs = item_seconds(sched, params)
+    starts = _starts(secs)
+    made = _made_at(sched)
+    readers = _all_reads(sched, params)
+    outputs = {a.buf for a in g.outputs if isinstance(a, TensorArg)}
+    taken = set(g.storage) | set(g.storage.values())
+    stream, moves = 0.0, []
+    for b in sorted(bufs, key=lambda b: made.get(b, 0)):
+        if b in outputs or b in taken or b not in made or g.buffers[b].nbytes < MIN_BYTES:
+            continue
+        reads = sorted({made[b], *readers.get(b, ())})
+        gaps = [(starts[y] - starts[x] - secs[x], x, y) for x, y in zip(reads, reads[1:])]
+        if not gaps:
+            continue
+        _, last, again = max(gaps)
+        begin = max(starts[made[b]] + secs[made[b]], stream)
+        end = begin + g.buffers[b].nbytes / bandwidth
+        done = next((i for i in range(made[b], len(secs)) if starts[i] + secs[i] >= end),
+                    len(secs) - 1)
+        free = max(last, done)
+        if free + 1 >= again:  # nothing runs between the free and the copy back: no gain
+            continue
+        stream = end
+        moves.append((b, free, again))
+    if not moves:
+        return None
+    issue, stall = _issue(starts, [(b, u, g.buffers[b].nbytes / bandwidth, f + 1)
+                                   for b, f, u in moves])
+    return Offload(inner=tuple((b, f, issue[b], u) for b, f, u in moves),
+                   stall_seconds=stall, span_seconds=sum(secs))
+
+
+def _issue(starts: list[float], loads: list[tuple]) -> tuple[dict, float]:
+    """Copy-back issue items on one side stream (plan_loads' rule) for (buffer, first reader,
+    copy seconds, earliest item) each; and the estimated stall."""
+    order = sorted(loads, key=lambda x: x[1])
+    issue: dict[str, int] = {}
+    deadline = float("inf")
+    for b, u, c, earliest in reversed(order):
+        begin = min(starts[u], deadline) - LOAD_MARGIN * c
+        deadline = begin
+        issue[b] = max([k for k in range(earliest, u + 1) if starts[k] <= begin],
+                       default=earliest)
+    stream, stall = 0.0, 0.0
+    for b, u, c, _ in order:
+        stream = max(starts[issue[b]] + stall, stream) + c
+        stall += max(0.0, stream - (starts[u] + stall))
+    return issue, stall
+
+
+def _all_reads(sched: Schedule, params: dict[str, list[str]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for k, item in enumerate(sched.items):
+        names = params.get(item.name, ()) if isinstance(item, Kernel) else _call_buffers(item)
+        for b in names:
+            out.setdefault(b, []).append(k)
+    return out
 
 
 def offloaded_outputs(g: LoweredGraph, off: Optional[Offload]) -> tuple[int, ...]:

@@ -7,7 +7,9 @@ its allocations (alloc, reuse, inplace, aten) then its frees (pool, free, drop).
 Offload (offload.py), a forward output moved to host is copied after the item making it
 (offload) and freed like any other buffer once its copy is estimated done; a backward input
 arriving on the host is copied back before an item (prefetch: allocated then) and waited for
-before its first reader (ready).
+before its first reader (ready). A buffer moved within the graph (compile_step's) does both: its
+copy out after the item making it, a free after its early readers, its copy back (a prefetch
+from its host copy) before its later ones.
 """
 from __future__ import annotations
 
@@ -103,15 +105,22 @@ class _Walker:
             self.last[b] = max(self.last.get(b, 0), done)
             self.late_dead.setdefault(self.last[b], set()).add(b)
         self.loads = offload.loads
-        self.issues: dict[int, list[str]] = {}
+        self.issues: dict[int, list[tuple[str, str]]] = {}  # item -> (buffer, its host copy)
         self.readies: dict[int, list[str]] = {}
         for b, (p, u) in self.loads.items():
-            self.issues.setdefault(p, []).append(b)
+            self.issues.setdefault(p, []).append((b, ""))
+            self.readies.setdefault(u, []).append(b)
+        self.inners = offload.inners
+        self.no_pool |= set(self.inners)
+        self.early_dead: dict[int, list[str]] = {}
+        for b, (f, p, u) in self.inners.items():
+            self.early_dead.setdefault(f, []).append(b)
+            self.issues.setdefault(p, []).append((b, b + "__host"))
             self.readies.setdefault(u, []).append(b)
 
     def item(self, k: int, item) -> None:
-        self.events += [Event(k, "prefetch", b, self.g.buffers[b].nbytes)
-                        for b in self.issues.get(k, ())]
+        self.events += [Event(k, "prefetch", b, self.g.buffers[b].nbytes, host)
+                        for b, host in self.issues.get(k, ())]
         self.events += [Event(k, "ready", b) for b in self.readies.get(k, ())]
         if isinstance(item, Kernel):
             self.forms.append("kernel")
@@ -121,7 +130,8 @@ class _Walker:
         else:
             self._call(k, item)
         made = [n.name for n in item.nodes] if isinstance(item, Kernel) else item.outputs
-        self.events += [Event(k, "offload", b) for b in made if b in self.saves]
+        self.events += [Event(k, "offload", b) for b in made
+                        if b in self.saves or b in self.inners]
         self.free(k, item)
 
     def _call(self, k: int, c: CallNode) -> None:
@@ -206,6 +216,8 @@ class _Walker:
                 frees = buf.kind in ("compute", "call") and not _overwrote(
                     self.g, self.storage, b) or b in self.loads
                 self.events.append(Event(k, "free", b, -buf.nbytes if frees else 0))
+        self.events += [Event(k, "free", b, -self.g.buffers[b].nbytes)
+                        for b in self.early_dead.get(k, ())]  # moved out; back before its reader
         self.events += [Event(k, "drop", t) for t in self.drop]
         self.drop = []
 
