@@ -80,13 +80,14 @@ def min_bytes() -> int:
 
 def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
     """Output positions from `first` on whose buffer can move to host: a whole buffer the
-    wrapper makes (not an input or a constant, nor in an input's storage), output once, at
-    least MIN_BYTES."""
+    wrapper makes (not an input or a constant, nor in an input's storage, nor a fallback op's
+    result, which may be a view of another buffer: freeing it would free nothing), output
+    once, at least MIN_BYTES."""
     outs = [a for a in g.outputs if isinstance(a, TensorArg)]
     count: dict[str, int] = {}
     for a in outs:
         count[a.buf] = count.get(a.buf, 0) + 1
-    taken = set(g.storage.values())
+    taken = set(g.storage.values()) | _fallback_results(g)
     out = []
     for j, a in enumerate(g.outputs):
         if j < first or not isinstance(a, TensorArg) or not a.whole or count[a.buf] > 1:
@@ -96,6 +97,11 @@ def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
                 and b.nbytes >= MIN_BYTES:
             out.append(j)
     return out
+
+
+def _fallback_results(g: LoweredGraph) -> set[str]:
+    return {o for s in g.steps if isinstance(s, CallNode) and s.kind == "fallback"
+            for o in s.outputs if o is not None}
 
 
 def _in_input(g: LoweredGraph, b: str) -> bool:
@@ -280,7 +286,7 @@ def plan_inner(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str
     made = _made_at(sched)
     readers = _all_reads(sched, params)
     outputs = {a.buf for a in g.outputs if isinstance(a, TensorArg)}
-    taken = set(g.storage) | set(g.storage.values())
+    taken = set(g.storage) | set(g.storage.values()) | _fallback_results(g)
     stream, moves = 0.0, []
     for b in sorted(bufs, key=lambda b: made.get(b, 0)):
         if b in outputs or b in taken or b not in made or g.buffers[b].nbytes < MIN_BYTES:
