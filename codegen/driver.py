@@ -86,7 +86,7 @@ def generate(backend: Generator, gm: fx.GraphModule, example_inputs: Sequence,
                          {**built.extra, "seconds": time.perf_counter() - t0, **wrapper.stats,
                           **_plan_text(backend.target, plans), **dumps,
                           "offloaded_outputs": wrapper.stats["memory_plan"].moved,
-                          "offloaded_nodes": _moved_nodes(sched, offload),
+                          "offloaded_nodes": wrapper.stats["memory_plan"].moved_nodes,
                           # plain data rebuild() turns back into `run` (artifact cache)
                           "recipe": (backend.name, built.recipe(wrapper))})
 
@@ -114,12 +114,6 @@ def memory_model(backend: Generator, gm: fx.GraphModule,
     return lambda req: plan_memory(sched, params, keep=o.get("keep", False),
                                    tensors=o.get("tensors", False), gemm=o.get("gemm"),
                                    offload=plan_offload(req, sched, params))
-
-
-def _moved_nodes(sched: Schedule, offload) -> tuple[str, ...]:
-    """The OFFLOAD_NODE tags whose buffers the wrapper moves within the graph."""
-    inner = set(offload.inners) if offload else set()
-    return tuple(tag for tag, b in sched.graph.offloadable if b in inner)
 
 
 def fallback_ops(sched: Schedule) -> tuple[str, ...]:

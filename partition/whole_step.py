@@ -51,13 +51,26 @@ def recompute_in_step(gm: fx.GraphModule, config: Config,
     out.args = ([outs[i] for i in fwd_idx] + [outs[i] for i in bwd_idx],)
     try:
         sig = GraphSignature((), (), len(fwd_idx), (), (), (), True)
-        predict_part = None if predict is None else \
-            (lambda part: predict(_stitch(gm, part, fwd_idx, bwd_idx, True)))
+        predict_part = None if predict is None else _Stitched(
+            predict, lambda part: _stitch(gm, part, fwd_idx, bwd_idx, True))
         part = _partition(JointGraph(gm, sig), config, [outs[i] for i in fwd_idx], backward,
                           predict_part)
     finally:
         out.args = (outs,)
     return _stitch(gm, part, fwd_idx, bwd_idx, config.memory_budget is not None), part
+
+
+class _Stitched:
+    """A predictor of stitched step graphs as one of partitions (its offload methods too)."""
+
+    def __init__(self, predict, stitch):
+        self.predict, self.stitch = predict, stitch
+        if hasattr(predict, "offload"):
+            self.base = lambda part: predict.base(stitch(part))
+            self.offload = lambda part, cap: predict.offload(stitch(part), cap)
+
+    def __call__(self, part: Partition) -> int:
+        return self.predict(self.stitch(part))
 
 
 def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
@@ -90,29 +103,38 @@ def _partition(joint: JointGraph, config: Config, fwd_outs: list, backward: set,
                                                                   list(plans.values()))
     step_costs, default, plans = cache[policy, name, fuses]
     graph_name = f"a training step of {len(joint.gm.graph.nodes)} nodes"
+    moved: tuple = ()
     if predict is not None:
-        best, note = _by_prediction(joint, step_costs, default, plans, config, graph_name,
-                                    predict)
+        best, note, moved = _by_prediction(joint, step_costs, default, plans, config,
+                                           graph_name, predict)
     else:
         best, note = B.choose(plans, default, config.memory_budget, B.fixed_bytes(step_costs),
                               graph_name)
-    return build_partition(joint, step_costs, list(best.saved), "budget", note)
+    return build_partition(joint, step_costs, list(best.saved), "budget", note, offload=moved)
 
 
 def _by_prediction(joint: JointGraph, costs: CostModel, default: B.Plan, plans: list,
-                   config: Config, graph_name: str, predict) -> tuple[B.Plan, Optional[str]]:
+                   config: Config, graph_name: str, predict) -> tuple:
     """The least-recompute plan whose predicted step peak (the stitched step's memory plan)
-    fits the budget's cap, read against predicted peaks (budget.predicted_cap)."""
+    fits the budget's cap, read against predicted peaks (budget.predicted_cap); and the saved
+    values it moves to host where `predict` can move them (trainc/offloading.StepOffload: a
+    plan's peak is then the one with the most moved, the default plan's with none)."""
     rungs = B.ladder(plans, default)
-    preds = B.Predictions(lambda p: predict(build_partition(joint, costs, list(p.saved),
-                                                            "budget", None, observe=False)))
-    default_peak, low = preds(default), preds(rungs[0])
+    part = lambda p: build_partition(joint, costs, list(p.saved), "budget", None,  # noqa: E731
+                                     observe=False)
+    preds = B.Predictions(lambda p: predict(part(p)))
+    base = getattr(predict, "base", None)
+    default_peak, low = (base(part(default)) if base else preds(default)), preds(rungs[0])
     cap, note = B.predicted_cap(config.memory_budget, default_peak, low, B.fixed_bytes(costs),
                                 graph_name)
     if cap is None:
-        return default, note
+        return default, note, ()
     best = B.last_under(rungs, preds, cap)  # the leanest rung fits: cap >= low
-    return best, B.predicted_note(cap, default_peak, low, preds(best), len(preds.peaks))
+    moves = getattr(predict, "offload", None)
+    moved, chosen = moves(part(best), cap) if moves else ((), preds(best))
+    note = B.predicted_note(cap, default_peak, low, chosen, len(preds.peaks))
+    return best, note + (f"; {len(moved)} saved values moved to host memory" if moves else ""), \
+        moved
 
 
 def _step_costs(gm: fx.GraphModule, policy: P.SavePolicy, fwd_outs: list,
@@ -151,8 +173,8 @@ def _stitch(gm: fx.GraphModule, part: Partition, fwd_idx: list[int],
     fwd_out = _inline(graph, part.fwd, lambda i, p: inputs[p.name], FORWARD)
     n_fwd = len(fwd_idx)
     saved = fwd_out[n_fwd:]
-    for name, node in zip(part.saved, saved):  # to move to host and back inside the step
-        if name in part.offloaded and isinstance(node, fx.Node):
+    for name, node in zip(part.saved, saved):  # what an offload request may move (by name)
+        if isinstance(node, fx.Node):
             node.meta[OFFLOAD_NODE] = name
     bwd_out = _inline(graph, part.bwd,
                       lambda i, p: saved[i] if i < len(saved) else inputs[p.name], BACKWARD,

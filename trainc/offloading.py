@@ -19,6 +19,7 @@ import torch.fx as fx
 from trainc.codegen.memory import offload as O
 from trainc.codegen.memory.offload import OffloadRequest
 from trainc.config import world_size
+from trainc.graph import OFFLOAD_NODE
 from trainc.partition import Partition
 
 # The share of the backward's estimated time it may wait for copies back and still count as
@@ -176,3 +177,66 @@ def _made_order(fwd: fx.GraphModule, part: Partition) -> dict[str, int]:
 
 def _key(plan) -> tuple:
     return tuple(n.name for n in plan.saved)
+
+
+class StepOffload:
+    """compile_step's budget predictions where saved values may move within the step graph
+    (codegen/memory/offload.py plan_inner): a stitched step -> its predicted peak with the most
+    moved that the copies allow (`__call__`), with none (`base`), and the fewest (in the
+    forward's order) that meet a cap (`offload`: the names moved and the peak).
+
+    `prepare(stitched)` gives the graph after the post-grad passes; `models(gm)` an offload
+    request -> its MemoryPlan (codegen/driver.memory_model)."""
+
+    def __init__(self, prepare: Callable, models: Callable, bandwidth: float):
+        self.prepare, self.models, self.bandwidth = prepare, models, bandwidth
+
+    def _model(self, stitched: fx.GraphModule):
+        g = self.prepare(stitched)
+        names = [n.meta[OFFLOAD_NODE] for n in g.graph.nodes if OFFLOAD_NODE in n.meta and
+                 _nbytes(n) >= O.MIN_BYTES]
+        return self.models(g), names, {}
+
+    def _peak(self, model, names: list, memo: dict, n: int) -> tuple[int, bool, tuple]:
+        if n not in memo:
+            plan = model(O.OffloadRequest(inner=True, names=tuple(names[:n]),
+                                          bandwidth=self.bandwidth) if n else None)
+            o = plan.offload
+            ok = o is None or o.stall_seconds <= STALL_SHARE * o.span_seconds
+            memo[n] = (plan.peak_bytes, ok, plan.moved_nodes)
+        return memo[n]
+
+    def _most(self, model, names: list, memo: dict) -> int:
+        lo, hi = 0, len(names)  # feasibility falls as more move
+        if self._peak(model, names, memo, hi)[1]:
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._peak(model, names, memo, mid)[1] else (lo, mid)
+        return lo
+
+    def base(self, stitched: fx.GraphModule) -> int:
+        model, names, memo = self._model(stitched)
+        return self._peak(model, names, memo, 0)[0]
+
+    def __call__(self, stitched: fx.GraphModule) -> int:
+        model, names, memo = self._model(stitched)
+        return self._peak(model, names, memo, self._most(model, names, memo))[0]
+
+    def offload(self, stitched: fx.GraphModule, cap: int) -> tuple[tuple[str, ...], int]:
+        model, names, memo = self._model(stitched)
+        most = self._most(model, names, memo)
+        n = 0
+        if self._peak(model, names, memo, 0)[0] > cap:
+            lo, hi = 0, most
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if self._peak(model, names, memo, mid)[0] <= cap else (mid, hi)
+            n = hi
+        peak, _, moved = self._peak(model, names, memo, n)
+        return moved, peak
+
+
+def _nbytes(n: fx.Node) -> int:
+    v = n.meta.get("val")
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0

@@ -17,8 +17,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainc import (artifact_cache, attention, chunked_loss, debug, decisions, distributed,
                     offloading, records, rng)
-from trainc.codegen import (CompiledGraph, compile_workers, memory_planner, prestart_for,
-                            target_for)
+from trainc.codegen import (CompiledGraph, compile_workers, memory_models, memory_planner,
+                            prestart_for, target_for)
 from trainc.config import Config, make_config, resolve
 from trainc.graph import GraphSignature, InputInfo, InputKind, JointGraph
 from trainc.joint import finish_graph, trace_functional
@@ -182,14 +182,15 @@ class CompiledStep:
         config, backend = backend_for(self.config, _device(flat), step=True)
         part = None
         if recompute:  # after CSE, which would merge the recomputed copies back
-            gm, part = recompute_in_step(gm, config, _step_predictor(backend, sig, config))
+            gm, part = recompute_in_step(gm, config, _step_predictor(backend, sig, config,
+                                                                       _device(flat)))
             dump.text("20_partition.txt", records.decision_table(part.decisions))
         # Parameters, buffers and optimizer state may be written in place (no second copy).
         gm = post_grad(gm, sig, config, check=False)
         moves = part is not None and bool(part.offloaded) and backend.target.offloads
-        if moves:  # trainc.policy('offload') values: out to host and back inside the step
-            gm.meta[OFFLOAD] = OffloadRequest(inner=True, bandwidth=offloading.host_bandwidth(
-                _device(flat)))
+        if moves:  # policy-tagged or budget-chosen values: out to host and back in the step
+            gm.meta[OFFLOAD] = OffloadRequest(inner=True, names=part.offloaded,
+                                              bandwidth=offloading.host_bandwidth(_device(flat)))
         compiled = generate(backend, gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
         if part is not None and part.offloaded:
             part = with_moved(part, compiled.extra.get("offloaded_nodes", ()), (
@@ -411,13 +412,19 @@ def compile_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.opt
     return CompiledStep(model, loss_fn, optimizer, clip_grad_norm, config, optimizer_hooks)
 
 
-def _step_predictor(backend, sig, config: Config):
+def _step_predictor(backend, sig, config: Config, device: torch.device):
     """Under a memory budget, a stitched step graph -> the peak its wrapper's memory plan
     predicts after the post-grad passes (codegen/driver.py memory_plan_only); None without a
     budget or where the backend makes no plan (aten: the partitioner's simulation decides)."""
     planner = memory_planner(backend)
     if planner is None or config.memory_budget is None:
         return None
+    if config.offload and backend.target.offloads:  # saved values may move within the step
+        models = memory_models(backend)
+        return offloading.StepOffload(
+            lambda stitched: post_grad(stitched, sig, config, check=False),
+            lambda g: models(g, _example_inputs(g)),
+            offloading.host_bandwidth(device))
 
     def predict(stitched: fx.GraphModule) -> int:
         g = post_grad(stitched, sig, config, check=False)

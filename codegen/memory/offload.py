@@ -254,6 +254,7 @@ class OffloadRequest:
     inputs: tuple[int, ...] = ()
     bandwidth: float = 2.5e10
     inner: bool = False  # move the graph's offloadable buffers out and back within it
+    names: Optional[tuple[str, ...]] = None  # with inner: only these tags (None: every one)
 
 
 def plan_offload(req: Optional[OffloadRequest], sched: Schedule,
@@ -270,7 +271,8 @@ def plan_offload(req: Optional[OffloadRequest], sched: Schedule,
                          f"from host, but only {len(loads)} of them are tensor inputs")
     out = plan_saves(sched, params, saves, req.bandwidth) if saves else None
     out = merged(out, plan_loads(sched, params, loads, req.bandwidth) if loads else None)
-    inner = [b for _, b in g.offloadable if b in g.buffers] if req.inner else []
+    inner = [b for tag, b in g.offloadable if b in g.buffers and
+             (req.names is None or tag in req.names)] if req.inner else []
     return merged(out, plan_inner(sched, params, inner, req.bandwidth) if inner else None)
 
 
@@ -279,17 +281,18 @@ def plan_inner(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str
     """Moves within one graph: each buffer leaves over the longest gap between two of its
     readers (the forward's last and the backward's first in a step) when its copy out is
     estimated done before the gap ends; its copy back starts as plan_loads' would. Graph
-    outputs and buffers in an in-place chain stay."""
+    outputs, buffers a later op overwrites and buffers in an input's storage stay."""
     g = sched.graph
     secs = item_seconds(sched, params)
     starts = _starts(secs)
     made = _made_at(sched)
     readers = _all_reads(sched, params)
     outputs = {a.buf for a in g.outputs if isinstance(a, TensorArg)}
-    taken = set(g.storage) | set(g.storage.values()) | _fallback_results(g)
+    taken = set(g.storage.values()) | _fallback_results(g)  # written again, or maybe a view
     stream, moves = 0.0, []
     for b in sorted(bufs, key=lambda b: made.get(b, 0)):
-        if b in outputs or b in taken or b not in made or g.buffers[b].nbytes < MIN_BYTES:
+        if b in outputs or b in taken or _in_input(g, b) or b not in made or \
+                g.buffers[b].nbytes < MIN_BYTES:
             continue
         reads = sorted({made[b], *readers.get(b, ())})
         gaps = [(starts[y] - starts[x] - secs[x], x, y) for x, y in zip(reads, reads[1:])]

@@ -31,6 +31,7 @@ class MemoryPlan:
     inputs: tuple[tuple[str, int], ...] = ()
     offload: Optional[Offload] = None  # buffers moved to host and back (offload.py)
     moved: tuple[int, ...] = ()  # output positions the wrapper returns as host copies
+    moved_nodes: tuple[str, ...] = ()  # OFFLOAD_NODE tags whose buffers move within the graph
 
     @cached_property
     def live_bytes(self) -> tuple[int, ...]:
@@ -123,7 +124,8 @@ def plan_memory(sched: Schedule, params: dict[str, list[str]], *, keep: bool = F
     g = sched.graph
     return MemoryPlan(w.events, w.forms, tuple(g.storage.items()), kept, arena,
                       tuple((b, g.buffers[b].nbytes) for b in g.inputs), offload or None,
-                      offloaded_outputs(g, offload))
+                      offloaded_outputs(g, offload),
+                      tuple(t for t, b in g.offloadable if offload and b in offload.inners))
 
 
 def peak_rows(plan: MemoryPlan, sched: Schedule, top: int = 12) -> list[tuple]:
