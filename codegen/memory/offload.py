@@ -171,7 +171,9 @@ def plan_saves(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str
                bandwidth: float) -> Offload:
     """The forward's offloads of `bufs`: each copy starts when its item is done, one at a time
     on the side stream; the device copy is freed after the item during which the copy is
-    estimated to end (never before its last reader: walk.py keeps that)."""
+    estimated to end (never before its last reader: walk.py keeps that). A copy estimated to
+    end after the forward (`late`) is freed at its end in the plan, though the allocator frees
+    it only when the copy ends: the plan under-counts then, so a budget never chooses such."""
     secs = item_seconds(sched, params)
     starts = _starts(secs)
     end_of = len(secs) - 1
