@@ -46,6 +46,7 @@ class TradeoffRow:
     # the step's peak from the wrappers' memory plans, saved values, held outputs and
     # gradients (partition/step_peak.py; 0: not known, e.g. the aten backend)
     predicted_peak: int = 0
+    host_bytes: int = 0  # of saved_bytes, those moved to host memory (offload)
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ class Tradeoff:
     def table(self) -> str:
         # sim peak: the step's predicted peak (memory plans); partition sim: the partitioner's
         # activation-only liveness estimate it plans with
-        head = ("compiler", "budget", "saved MiB", "recompute MFLOP", "sim peak MiB",
-                "partition sim MiB", "peak MiB", "step ms", "pareto")
+        head = ("compiler", "budget", "saved MiB", "host MiB", "recompute MFLOP",
+                "sim peak MiB", "partition sim MiB", "peak MiB", "step ms", "pareto")
         rows = [head] + [(r.compiler, r.budget, f"{r.saved_bytes / 2**20:.3f}",
+                          f"{r.host_bytes / 2**20:.3f}",
                           f"{r.recompute_flops / 1e6:.1f}",
                           f"{r.predicted_peak / 2**20:.3f}" if r.predicted_peak else "-",
                           f"{r.simulated_peak / 2**20:.3f}",
@@ -181,7 +183,8 @@ def _measure(model, inputs, loss_fn, budget, device, steps, options) -> Tradeoff
     return TradeoffRow(str(budget), sum(r.saved_bytes for r in recs),
                        sum(r.recompute_flops for r in recs), sim, peak, ms,
                        predicted_peak=sum(p.peak for p in predicted)
-                       if predicted and None not in predicted else 0)
+                       if predicted and None not in predicted else 0,
+                       host_bytes=sum(d.nbytes for r in recs for d in r.decisions if d.offload))
 
 
 def _measure_torch(model, inputs, loss_fn, budget: float, device, steps) -> TradeoffRow:

@@ -246,3 +246,16 @@ def test_compile_step_budget_with_offload_moves_saved_values(small_moves):
         for g, w in zip(model.parameters(), eager.parameters()):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
     assert chosen[True] < chosen[False], chosen
+
+
+def test_tradeoff_report_shows_the_bytes_moved_to_host(small_moves, tmp_path):
+    import trainc.report
+    torch.manual_seed(0)
+    model, x = Chain(), torch.randn(256, 64)
+    result = trainc.report.tradeoff(model, (x,), lambda out, inputs: out, (None, 0.0),
+                                    steps=2, out_dir=str(tmp_path), progress=False,
+                                    backend="triton", offload=True)
+    by_budget = {r.budget: r for r in result.rows}
+    assert by_budget["None"].host_bytes == 0 < by_budget["0.0"].host_bytes
+    assert by_budget["0.0"].host_bytes <= by_budget["0.0"].saved_bytes
+    assert "host MiB" in result.table()
