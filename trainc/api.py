@@ -75,6 +75,13 @@ class Explanation:
                 and not d.is_input]
 
     @property
+    def host_bytes(self) -> int:
+        """Of saved_bytes, those kept in host memory between forward and backward (offload)."""
+        runs = self.runs
+        return sum(d.nbytes * runs.get(g.graph_id, 1) for g in self.graphs
+                   for d in g.decisions if d.offload)
+
+    @property
     def recompute_flops(self) -> int:
         return sum(g.recompute_flops for g in self.graphs)
 
@@ -133,9 +140,10 @@ class Explanation:
             str(len(g.kernels)), str(len(g.fallback_ops)), f"{g.compile_seconds:.2f}")
             for g in self.graphs]
         text = records.format_table(rows)
-        text += (f"total: {len(self.graphs)} graph(s), saved {self.saved_bytes / 2**20:.3f} MiB "
-                 f"(graph x runs) in {len(self.saved_tensors)} tensors (per graph), recompute "
-                 f"{self.recompute_flops / 1e6:.1f}"
+        host = f" ({self.host_bytes / 2**20:.3f} in host memory)" if self.host_bytes else ""
+        text += (f"total: {len(self.graphs)} graph(s), saved {self.saved_bytes / 2**20:.3f} MiB"
+                 f"{host} (graph x runs) in {len(self.saved_tensors)} tensors (per graph), "
+                 f"recompute {self.recompute_flops / 1e6:.1f}"
                  f" MFLOP, {len(self.kernels)} kernels, {len(self.fallback_ops)} fallback ops, "
                  f"compile {self.compile_seconds:.2f} s\n")
         if self.attention_rewrites:

@@ -113,6 +113,7 @@ def test_budget_with_offload_lowers_the_predicted_peak(small_moves):
     assert low < plain_low <= default, (low, plain_low, default)
     assert low <= half <= low + 0.5 * (default - low), (low, half, default)
     assert any("moved to host memory" in n for g in low_ex.graphs for n in g.partition_notes)
+    assert 0 < low_ex.host_bytes <= low_ex.saved_bytes and "in host memory)" in str(low_ex)
     torch._dynamo.reset()
     got, grads = _grads(trainc.compile(f, backend="triton", memory_budget=0.0, offload=True),
                         args)
