@@ -249,6 +249,7 @@ def test_compile_step_budget_with_offload_moves_saved_values(small_moves):
     assert chosen[True] < chosen[False], chosen
 
 
+@pytest.mark.slow
 def test_tradeoff_report_shows_the_bytes_moved_to_host(small_moves, tmp_path):
     import trainc.report
     torch.manual_seed(0)
