@@ -17,7 +17,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from trainc.testing import flips
 from trainc.testing.second import reconsider
-from trainc.testing.policy import ILL_CONDITIONED, Mismatch, bitwise_equal, compare, rel_err
+from trainc.testing.policy import (ALL_ON, ILL_CONDITIONED, Mismatch, Relaxations, bitwise_equal,
+                                   compare, rel_err)
 
 Inputs = Union[Sequence[Any], Callable[[], Sequence[Any]]]
 
@@ -61,22 +62,41 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
     eager = _run(_copy(eager_fn), None, make(), seed)
     ref = _run(_copy(eager_fn), None, [_clone(x, torch.float64) for x in make()], seed,
                cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
-    low, cond = None, {}
+    low, parts = None, ({}, {})
     if any(v.dtype == torch.float64 for _, v in _values(eager) if torch.is_tensor(v)):
         # float64 eager *is* the reference; a float32 run tells how conditioned each value is.
         low = _run(_copy(eager_fn), None, [_clone(x, torch.float32) for x in make()], seed,
                    cast=torch.float32, tangent_dtypes=eager.tangent_dtypes)
     else:
-        cond = _conditioning(eager_fn, make, seed, eager.tangent_dtypes, ref)
-    mismatches += _compare_runs(first, eager, ref, low, cond)
-    notes: list[Mismatch] = []
-    if mismatches and low is None:
-        mismatches, notes = reconsider(
-            mismatches, dict(_values(first)), dict(_values(eager)), dict(_values(ref)), cond,
-            _Runs(eager_fn, make, seed, eager.tangent_dtypes))
+        parts = _conditioning_parts(eager_fn, make, seed, eager.tangent_dtypes, ref)
+    runs = _Runs(eager_fn, make, seed, eager.tangent_dtypes)
+    failed, notes = _judge(first, eager, ref, low, parts, runs)
+    mismatches += failed
     if mismatches:
         raise AssertionError(_report(mismatches + notes, fn, source, compile_options))
     return notes
+
+
+def _judge(comp: RunResult, eager: RunResult, ref: RunResult, low: Optional[RunResult],
+           parts: tuple[dict, dict], runs: "_Runs", relax: Relaxations = ALL_ON
+           ) -> tuple[list[Mismatch], list[Mismatch]]:
+    """(failing, excused notes) for every compared value under `relax`; `parts` are the
+    conditioning estimates (_conditioning_parts), `low` the float32 run of a float64 program."""
+    cond = _merged(parts, relax)
+    failed = _compare_runs(comp, eager, ref, low, cond, relax)
+    notes: list[Mismatch] = []
+    if failed and low is None:
+        failed, notes = reconsider(failed, dict(_values(comp)), dict(_values(eager)),
+                                   dict(_values(ref)), cond, runs, relax)
+    return failed, notes
+
+
+def _merged(parts: tuple[dict, dict], relax: Relaxations) -> dict[str, float]:
+    linear, emulated = parts
+    out = dict(linear) if relax.conditioning else {}
+    for what, err in (emulated.items() if relax.emulated_spread else ()):
+        out[what] = max(out.get(what, 0.0), err)
+    return out
 
 
 class _Runs:
@@ -176,6 +196,12 @@ def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
 
 def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
                   ref: RunResult) -> dict[str, float]:
+    """Both estimates of _conditioning_parts, the larger per value."""
+    return _merged(_conditioning_parts(fn, make, seed, tangent_dtypes, ref), ALL_ON)
+
+
+def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
+                        ref: RunResult) -> tuple[dict[str, float], dict[str, float]]:
     """How far each value moves when every input, parameter and tangent moves by one unit
     roundoff of its dtype (float64 runs): the error an exactly rounded evaluation in that dtype
     can carry, large where a value is ill-conditioned (a sum that cancels, sin of a large sum).
@@ -216,9 +242,7 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
             e_big, e_small = rel_err(b, r, mask), rel_err(s, r, mask)
             if e_small > 0 and 8 <= e_big / e_small <= 32:
                 out[what] = max(out.get(what, 0.0), e_big)
-    for what, err in _emulated_spread(fn, make, seed, tangent_dtypes, refs).items():
-        out[what] = max(out.get(what, 0.0), err)
-    return out
+    return out, _emulated_spread(fn, make, seed, tangent_dtypes, refs)
 
 
 def _emulated_spread(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
@@ -364,7 +388,8 @@ _SATURATED = 0.1
 
 
 def _compare_runs(comp: RunResult, eager: RunResult, ref: RunResult,
-                  low: Optional[RunResult], cond: Optional[dict] = None) -> list[Mismatch]:
+                  low: Optional[RunResult], cond: Optional[dict] = None,
+                  relax: Relaxations = ALL_ON) -> list[Mismatch]:
     if len(comp.outputs) != len(eager.outputs):
         return [Mismatch("outputs", f"compiled gave {len(comp.outputs)}, eager "
                                     f"{len(eager.outputs)}")]
@@ -377,13 +402,15 @@ def _compare_runs(comp: RunResult, eager: RunResult, ref: RunResult,
     out = [Mismatch(f"output {i}", f"requires_grad {c} != eager {e}")
            for i, (c, e) in enumerate(zip(comp.requires_grad, eager.requires_grad)) if c != e]
     for (what, c), (_, e), (_, r) in zip(_values(comp), _values(eager), _values(ref)):
-        hint = _low_precision_err(low_vals.get(what), r)
+        hint = _low_precision_err(low_vals.get(what), r, relax)
         hint = max(hint or 0.0, (cond or {}).get(what, 0.0)) or None
-        out.append(compare(what, c, e, r, eager_err=hint))
+        out.append(compare(what, c, e, r, eager_err=hint, relax=relax))
     return [m for m in out if m]
 
 
-def _low_precision_err(low: Any, ref: Any) -> Optional[float]:
+def _low_precision_err(low: Any, ref: Any, relax: Relaxations = ALL_ON) -> Optional[float]:
+    if not relax.float32_hint:
+        return None
     if not (torch.is_tensor(low) and torch.is_tensor(ref) and low.shape == ref.shape
             and ref.is_floating_point()):
         return None
@@ -392,11 +419,11 @@ def _low_precision_err(low: Any, ref: Any) -> Optional[float]:
         return None
     err = rel_err(low, ref, mask)
     # No correct digit in float32: the float64 value is rounding noise too (ILL_CONDITIONED).
-    if err > ILL_CONDITIONED:
+    if err > ILL_CONDITIONED and relax.ill_conditioned:
         return float("inf")
     # Less than one digit: the float32 error has saturated (sin of a 1e38 argument is off by
     # ~0.4 whatever its conditioning), so scaling it down says nothing; allow float32's error.
-    return err if err > _SATURATED else err * _F32_TO_F64
+    return err if err > _SATURATED and relax.saturated else err * _F32_TO_F64
 
 
 def _bitwise(a: RunResult, b: RunResult) -> list[Mismatch]:
