@@ -62,7 +62,7 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
     eager = _run(_copy(eager_fn), None, make(), seed)
     ref = _run(_copy(eager_fn), None, [_clone(x, torch.float64) for x in make()], seed,
                cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
-    low, parts = None, ({}, {})
+    low, parts = None, {}
     if any(v.dtype == torch.float64 for _, v in _values(eager) if torch.is_tensor(v)):
         # float64 eager *is* the reference; a float32 run tells how conditioned each value is.
         low = _run(_copy(eager_fn), None, [_clone(x, torch.float32) for x in make()], seed,
@@ -78,7 +78,7 @@ def assert_grads_match(fn: Callable, inputs: Inputs, *, seed: int = 0,
 
 
 def _judge(comp: RunResult, eager: RunResult, ref: RunResult, low: Optional[RunResult],
-           parts: tuple[dict, dict], runs: "_Runs", relax: Relaxations = ALL_ON
+           parts: dict[str, dict], runs: "_Runs", relax: Relaxations = ALL_ON
            ) -> tuple[list[Mismatch], list[Mismatch]]:
     """(failing, excused notes) for every compared value under `relax`; `parts` are the
     conditioning estimates (_conditioning_parts), `low` the float32 run of a float64 program."""
@@ -91,11 +91,14 @@ def _judge(comp: RunResult, eager: RunResult, ref: RunResult, low: Optional[RunR
     return failed, notes
 
 
-def _merged(parts: tuple[dict, dict], relax: Relaxations) -> dict[str, float]:
-    linear, emulated = parts
-    out = dict(linear) if relax.conditioning else {}
-    for what, err in (emulated.items() if relax.emulated_spread else ()):
-        out[what] = max(out.get(what, 0.0), err)
+def _merged(parts: dict[str, dict], relax: Relaxations) -> dict[str, float]:
+    """The largest estimate per value among the parts `relax` keeps (parts are named by their
+    Relaxations field)."""
+    out: dict[str, float] = {}
+    for name, part in parts.items():
+        if getattr(relax, name):
+            for what, err in part.items():
+                out[what] = max(out.get(what, 0.0), err)
     return out
 
 
@@ -201,12 +204,14 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
 
 
 def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
-                        ref: RunResult) -> tuple[dict[str, float], dict[str, float]]:
+                        ref: RunResult) -> dict[str, dict[str, float]]:
     """How far each value moves when every input, parameter and tangent moves by one unit
-    roundoff of its dtype (float64 runs): the error an exactly rounded evaluation in that dtype
-    can carry, large where a value is ill-conditioned (a sum that cancels, sin of a large sum).
-    Estimated where the response is linear: a 16x smaller move must move the value ~16x less;
-    where it does not (a max tie, a comparison flipping), no estimate is made."""
+    roundoff of its dtype ("input_conditioning"), or every intermediate result does
+    ("rounding_conditioning"), in float64 runs: the error an exactly rounded evaluation in that
+    dtype can carry, large where a value is ill-conditioned (a sum that cancels, sin of a large
+    sum). Estimated where the response is linear: a 16x smaller move must move the value ~16x
+    less; where it does not (a max tie, a comparison flipping), no estimate is made. Plus
+    "emulated_spread" (_emulated_spread). Keys are Relaxations fields."""
     def run(scale: float) -> RunResult:
         args = [_clone(x, torch.float64) if not _perturbable(x)
                 else _perturbed(_clone(x, torch.float64), x.dtype, scale, i).requires_grad_(
@@ -214,19 +219,25 @@ def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes:
         return _run(_copy(fn), None, args, seed, cast=torch.float64,
                     tangent_dtypes=tangent_dtypes, perturb=scale)
     def run_rounding(scale: float, draw: int) -> RunResult:
+        # the inputs are made outside the mode: eager and compiled get them exactly
+        args = [_clone(x, torch.float64) for x in make()]
         with _RoundEachOp(_unit_roundoff(make(), tangent_dtypes), scale, draw):
-            return _run(_copy(fn), None, [_clone(x, torch.float64) for x in make()], seed,
-                        cast=torch.float64, tangent_dtypes=tangent_dtypes)
+            return _run(_copy(fn), None, args, seed, cast=torch.float64,
+                        tangent_dtypes=tangent_dtypes)
 
-    out: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {"input_conditioning": {},
+                                          "rounding_conditioning": {}}
     refs = dict(_values(ref))
     # Patterns: every value up (a sum's own rounding), random signs (a cancellation), and every
     # intermediate result moved with random signs, two draws (a cancellation of rounded
     # intermediates, which moving the inputs moves together: tanh(x) - erf(tanh(x)); one draw
     # can move both terms alike and see nothing).
-    patterns = [lambda scale: run(scale), lambda scale: run(-scale)]
-    patterns += [functools.partial(run_rounding, draw=d) for d in (1, 2)]
-    for runner in patterns:
+    patterns = [("input_conditioning", lambda scale: run(scale)),
+                ("input_conditioning", lambda scale: run(-scale))]
+    patterns += [("rounding_conditioning", functools.partial(run_rounding, draw=d))
+                 for d in (1, 2)]
+    for name, runner in patterns:
+        out = parts[name]
         try:
             big, small = runner(1.0), runner(1.0 / 16)
         except Exception:  # eager cannot run the moved inputs (e.g. out of domain): no estimate
@@ -242,7 +253,8 @@ def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes:
             e_big, e_small = rel_err(b, r, mask), rel_err(s, r, mask)
             if e_small > 0 and 8 <= e_big / e_small <= 32:
                 out[what] = max(out.get(what, 0.0), e_big)
-    return out, _emulated_spread(fn, make, seed, tangent_dtypes, refs)
+    parts["emulated_spread"] = _emulated_spread(fn, make, seed, tangent_dtypes, refs)
+    return parts
 
 
 def _emulated_spread(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
@@ -258,9 +270,10 @@ def _emulated_spread(fn: Callable, make: Callable, seed: int, tangent_dtypes: li
     errs: dict[str, list[float]] = {}
     for draw in range(draws):
         try:
+            args = [_clone(x, torch.float64) for x in make()]  # exact: made outside the mode
             with _RoundToDtype(low, draw):
-                run = _run(_copy(fn), None, [_clone(x, torch.float64) for x in make()], seed,
-                           cast=torch.float64, tangent_dtypes=tangent_dtypes)
+                run = _run(_copy(fn), None, args, seed, cast=torch.float64,
+                           tangent_dtypes=tangent_dtypes)
         except Exception:  # noqa: BLE001 - e.g. a rounded value out of an op's domain
             return {}
         for what, v in _values(run):
@@ -291,8 +304,7 @@ class _RoundToDtype(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        if schema.is_mutable or any(r.alias_info for r in schema.returns):
+        if not _rounds(func, args):
             return out
 
         def rnd(t):
@@ -308,6 +320,18 @@ class _RoundToDtype(TorchDispatchMode):
             nudged = (t * (1 + noise.to(t.device) * torch.finfo(self.dtype).eps))
             return torch.where(rounded == t, t, nudged.to(self.dtype).to(torch.float64))
         return tree_map(rnd, out)
+
+
+def _rounds(func, args) -> bool:
+    """Whether a low-precision run rounds this op's result: not views or in-place ops (their
+    results alias inputs), not dtype conversions (exact here: the run's inputs, parameters and
+    tangents cast to float64) and not factories (the tangents' draw): only computed values."""
+    schema = func._schema
+    if schema.is_mutable or any(r.alias_info for r in schema.returns):
+        return False
+    if func is torch.ops.aten._to_copy.default:
+        return False
+    return any(torch.is_tensor(a) for a in tree_flatten(list(args))[0])
 
 
 def _unit_roundoff(args: list, tangent_dtypes: list) -> float:
@@ -330,8 +354,7 @@ class _RoundEachOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        if not self.u or schema.is_mutable or any(r.alias_info for r in schema.returns):
+        if not self.u or not _rounds(func, args):
             return out
         self.calls += 1
         g = torch.Generator().manual_seed(self.draw * 1_000_003 + self.calls)  # 32-bit seeds

@@ -39,8 +39,12 @@ class Relaxations:
     on is the policy; switching one off only makes the check stricter."""
     small_k: bool = True  # k doubled below SMALL_NUMEL elements
     ill_conditioned: bool = True  # err(eager) > ILL_CONDITIONED: exact properties only
-    conditioning: bool = True  # check._conditioning's linear estimate as err(eager) when larger
-    emulated_spread: bool = True  # check._emulated_spread: valid low-precision evaluations
+    # check._conditioning_parts, each used as err(eager) when larger: the response to inputs and
+    # tangents moved by one unit roundoff; to every intermediate result moved so; the spread
+    # of emulated low-precision evaluations
+    input_conditioning: bool = True
+    rounding_conditioning: bool = True
+    emulated_spread: bool = True
     float32_hint: bool = True  # float64 programs: a float32 run's error * 2**-29 as err(eager)
     saturated: bool = True  # float64 programs: a float32 error over 0.1 used unscaled
     unit_roundoff: bool = True  # bf16/fp16 below SMALL_NUMEL: err(eager) >= one unit roundoff
