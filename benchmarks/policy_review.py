@@ -38,13 +38,15 @@ from torch.utils._pytree import tree_flatten
 import trainc
 from trainc import runtime
 from trainc.testing import programs
-from trainc.testing.check import (_clone, _conditioning_parts, _judge, _run, _Runs, _values)
-from trainc.testing.policy import ALL_ON, Relaxations
+from trainc.testing.check import (_clone, _conditioning_parts, _judge, _low_precision_err, _run,
+                                  _Runs, _values)
+from trainc.testing.policy import ALL_ON, Relaxations, rel_err
 
 RELAXATIONS = [f.name for f in dataclasses.fields(Relaxations)]
 CONFIGS = {"all on": ALL_ON, "all off": Relaxations(**{n: False for n in RELAXATIONS})}
 CONFIGS.update({n: dataclasses.replace(ALL_ON, **{n: False}) for n in RELAXATIONS})
 PLANTS = ("scale", "element")
+PARTS = ("input_conditioning", "rounding_conditioning", "emulated_spread")
 PLANT_SIZE = 1e-3
 
 
@@ -157,12 +159,32 @@ def policy_side(prog, backend: str) -> dict:
     runs = _CachedRuns(fn, make, seed, eager.tangent_dtypes)
     compared = [w for w, v in _values(comp) if torch.is_tensor(v) and v.is_floating_point()]
     out = {"compared": compared, "failing": judge_all(comp, eager, ref, low, parts, runs),
-           "planted": {}}
+           "errors": errors(comp, eager, ref, low, parts), "planted": {}}
     for kind in PLANTS:
         with Plant(kind) as p:
             bad = _run(compiled, None, make(), seed)
         out["planted"][kind] = {"changed": p.changed,
-                                "failing": judge_all(bad, eager, ref, low, parts, runs)}
+                                "failing": judge_all(bad, eager, ref, low, parts, runs),
+                                "err": {w: e[1] for w, e in
+                                        errors(bad, eager, ref, low, parts).items()}}
+    return out
+
+
+def errors(comp, eager, ref, low, parts) -> dict[str, list]:
+    """what -> [finite elements, err compiled, err eager, float32 hint, then each part of
+    _conditioning_parts in PARTS order] (None where not measured)."""
+    low_vals = dict(_values(low)) if low is not None else {}
+    out = {}
+    for (what, c), (_, e), (_, r) in zip(_values(comp), _values(eager), _values(ref)):
+        if not (torch.is_tensor(c) and c.is_floating_point() and torch.is_tensor(e)
+                and c.shape == e.shape == r.shape):
+            continue
+        mask = torch.isfinite(c) & torch.isfinite(e) & torch.isfinite(r)
+        if not bool(mask.any()):
+            continue
+        hint = _low_precision_err(low_vals.get(what), r)
+        out[what] = [int(mask.sum()), rel_err(c, r, mask), rel_err(e, r, mask), hint] + [
+            parts.get(name, {}).get(what) for name in PARTS]
     return out
 
 
