@@ -46,8 +46,15 @@ RELAXATIONS = [f.name for f in dataclasses.fields(Relaxations)]
 CONFIGS = {"all on": ALL_ON, "all off": Relaxations(**{n: False for n in RELAXATIONS})}
 CONFIGS.update({n: dataclasses.replace(ALL_ON, **{n: False}) for n in RELAXATIONS})
 PLANTS = ("scale", "element")
-PARTS = ("input_conditioning", "rounding_conditioning", "emulated_spread")
-PLANT_SIZE = 1e-3
+PARTS = ("rounding_conditioning", "emulated_spread")
+# A planted error's relative size: 1e-3 is under half a bfloat16 ulp (3.9e-3), so a bf16
+# gradient gets 2e-2 (a few ulps), the smallest size its own dtype can carry reliably.
+PLANT_SIZE = {torch.bfloat16: 2e-2, torch.float16: 2e-2}
+PLANT_DEFAULT = 1e-3
+
+
+def plant_size(dtype: torch.dtype) -> float:
+    return PLANT_SIZE.get(dtype, PLANT_DEFAULT)
 
 
 def sample(n: int, seed: int, max_ops: int) -> list:
@@ -123,12 +130,12 @@ class Plant:
         runtime._grads_by_input = self._orig
 
     def _wrong(self, g: torch.Tensor) -> torch.Tensor:
-        d = g.double()
+        d, size = g.double(), plant_size(g.dtype)
         if self.kind == "scale":
-            return (d * (1 + PLANT_SIZE)).to(g.dtype)
+            return (d * (1 + size)).to(g.dtype)
         finite = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
         flat = d.clone().reshape(-1)
-        flat[flat.numel() // 2] += PLANT_SIZE * torch.linalg.vector_norm(finite).item()
+        flat[flat.numel() // 2] += size * torch.linalg.vector_norm(finite).item()
         return flat.reshape(g.shape).to(g.dtype)
 
 
@@ -306,20 +313,24 @@ def _backend_tables(backend: str, rs: list[dict]) -> list[str]:
         out.append(f"| {label} | {total} ({admitted['float32']}/{admitted['bfloat16']}/"
                    f"{admitted['float64']}) | {sum(progs.values())} | {progs['FAIL']} | "
                    f"{progs['pass']} | {progs['skipped']} | {let_through} |")
-    out += ["", "| planted bug | planted (bits changed) | policy catches (all on) | "
-            "gradcheck-able | gradcheck catches | policy misses, gradcheck catches |",
-            "|---|---|---|---|---|---|"]
+    out += ["", "| planted bug | dtype | planted (bits changed) | policy catches (all on) | "
+            "gradcheck-able (float64) | gradcheck catches | policy misses, gradcheck catches |",
+            "|---|---|---|---|---|---|---|"]
     for kind in PLANTS:
-        planted = [r for r in ok if r["policy"]["planted"][kind]["changed"]]
-        caught = [r for r in planted if r["policy"]["planted"][kind]["failing"]["all on"]]
-        gc = [r for r in ok if r["gradcheck"]["status"] == "pass"
-              and r["gradcheck"]["planted"][kind]["changed"]]
-        gc_caught = [r for r in gc if r["gradcheck"]["planted"][kind]["caught"]]
-        only_gc = [r for r in gc_caught if r["policy"]["planted"][kind]["changed"]
-                   and not r["policy"]["planted"][kind]["failing"]["all on"]]
-        out.append(f"| {kind} x(1+{PLANT_SIZE:g}) | {len(planted)} | {len(caught)} "
-                   f"({_pct(len(caught), len(planted))}) | {len(gc)} | {len(gc_caught)} "
-                   f"({_pct(len(gc_caught), len(gc))}) | {len(only_gc)} |")
+        for dtype in sorted(dtypes):
+            of = [r for r in ok if r["dtype"] == dtype]
+            planted = [r for r in of if r["policy"]["planted"][kind]["changed"]]
+            caught = [r for r in planted if r["policy"]["planted"][kind]["failing"]["all on"]]
+            gc = [r for r in of if r["gradcheck"]["status"] == "pass"
+                  and r["gradcheck"]["planted"][kind]["changed"]]
+            gc_caught = [r for r in gc if r["gradcheck"]["planted"][kind]["caught"]]
+            only_gc = [r for r in gc_caught if r["policy"]["planted"][kind]["changed"]
+                       and not r["policy"]["planted"][kind]["failing"]["all on"]]
+            size = plant_size(getattr(torch, dtype))
+            what = "x(1+{:g})".format(size) if kind == "scale" else f"+{size:g}*norm"
+            out.append(f"| {kind} {what} | {dtype} | {len(planted)} | {len(caught)} "
+                       f"({_pct(len(caught), len(planted))}) | {len(gc)} | {len(gc_caught)} "
+                       f"({_pct(len(gc_caught), len(gc))}) | {len(only_gc)} |")
     return out + [""]
 
 

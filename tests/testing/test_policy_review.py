@@ -34,7 +34,7 @@ def _program(x, w):
 # gradient of w, under SMALL_NUMEL.
 CASES = [(torch.float32, (8, 5), 1 + 1e-3), (torch.float32, (1, 3), 1 + 1e-3),
          (torch.float64, (8, 5), 1 + 1e-6), (torch.float64, (1, 3), 1 + 1e-6),
-         (torch.bfloat16, (8, 5), 1 + 5e-2), (torch.bfloat16, (1, 3), 1 + 5e-2)]
+         (torch.bfloat16, (8, 5), 1.25), (torch.bfloat16, (1, 3), 1.25)]
 
 
 def _inputs(dtype, shape):
@@ -69,4 +69,4 @@ def test_review_script_smoke(tmp_path):
     assert not any("crash" in r for r in rows), [r.get("crash") for r in rows]
     assert all(set(r["policy"]["failing"]) == set(review.CONFIGS) for r in rows if "policy" in r)
     table = review.tables(rows)
-    assert "| small_k |" in table and "| scale x(1+0.001) |" in table
+    assert "| small_k |" in table and "| scale " in table

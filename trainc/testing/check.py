@@ -159,21 +159,13 @@ def _copy(fn: Callable) -> Callable:
 
 
 def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
-         cast: Optional[torch.dtype] = None, tangent_dtypes: Optional[list] = None,
-         perturb: float = 0.0) -> RunResult:
-    """Run once under `seed`; backward with fixed random tangents on every differentiable output.
-
-    `perturb`: move every floating input, parameter and tangent by this many unit roundoffs of
-    its own (pre-cast) dtype, with signs drawn from a fixed seed (see _conditioning)."""
+         cast: Optional[torch.dtype] = None, tangent_dtypes: Optional[list] = None
+         ) -> RunResult:
+    """Run once under `seed`; backward with fixed random tangents on every differentiable output."""
     if module is None and isinstance(call, torch.nn.Module):
         module = call
-        dtypes = {n: p.dtype for n, p in module.named_parameters()}
         if cast is not None:
             module.to(cast)
-        if perturb:
-            with torch.no_grad():
-                for i, (n, p) in enumerate(module.named_parameters()):
-                    p.copy_(_perturbed(p, dtypes[n], perturb, 1000 + i))
     params = list(module.named_parameters()) if isinstance(module, torch.nn.Module) else []
     torch.manual_seed(seed)
     outs, _ = tree_flatten(call(*args))
@@ -183,9 +175,6 @@ def _run(call: Callable, module: Optional[Callable], args: list, seed: int,
     diff = [o for o in outs if torch.is_tensor(o) and o.requires_grad]
     dtypes = [o.dtype for o in diff]
     tangents = _tangents(diff, seed, tangent_dtypes or dtypes)
-    if perturb:
-        tangents = [_perturbed(t, d, perturb, 2000 + i)
-                    for i, (t, d) in enumerate(zip(tangents, tangent_dtypes or dtypes))]
     grads: list = [None] * len(wrt)
     if diff and wrt:
         grads = list(torch.autograd.grad(diff, [t for _, t in wrt], tangents, allow_unused=True))
@@ -205,19 +194,15 @@ def _conditioning(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
 
 def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
                         ref: RunResult) -> dict[str, dict[str, float]]:
-    """How far each value moves when every input, parameter and tangent moves by one unit
-    roundoff of its dtype ("input_conditioning"), or every intermediate result does
-    ("rounding_conditioning"), in float64 runs: the error an exactly rounded evaluation in that
-    dtype can carry, large where a value is ill-conditioned (a sum that cancels, sin of a large
-    sum). Estimated where the response is linear: a 16x smaller move must move the value ~16x
-    less; where it does not (a max tie, a comparison flipping), no estimate is made. Plus
-    "emulated_spread" (_emulated_spread). Keys are Relaxations fields."""
-    def run(scale: float) -> RunResult:
-        args = [_clone(x, torch.float64) if not _perturbable(x)
-                else _perturbed(_clone(x, torch.float64), x.dtype, scale, i).requires_grad_(
-                    x.requires_grad) for i, x in enumerate(make())]
-        return _run(_copy(fn), None, args, seed, cast=torch.float64,
-                    tangent_dtypes=tangent_dtypes, perturb=scale)
+    """How far each value moves when every intermediate result moves by one unit roundoff of
+    the run's dtype ("rounding_conditioning", float64 runs): the error an exactly rounded
+    evaluation in that dtype can carry, large where a value is ill-conditioned (a sum of rounded
+    terms that cancels, sin of a large sum). Estimated where the response is linear: a 16x
+    smaller move must move the value ~16x less; where it does not (a max tie, a comparison
+    flipping), no estimate is made. Plus "emulated_spread" (_emulated_spread). Keys are
+    Relaxations fields. Inputs, parameters and tangents are never moved: eager and compiled get
+    them exactly (moving them, as this did until session 27, excused errors no evaluation makes:
+    BENCHMARKS.md, policy review)."""
     def run_rounding(scale: float, draw: int) -> RunResult:
         # the inputs are made outside the mode: eager and compiled get them exactly
         args = [_clone(x, torch.float64) for x in make()]
@@ -225,19 +210,11 @@ def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes:
             return _run(_copy(fn), None, args, seed, cast=torch.float64,
                         tangent_dtypes=tangent_dtypes)
 
-    parts: dict[str, dict[str, float]] = {"input_conditioning": {},
-                                          "rounding_conditioning": {}}
+    out: dict[str, float] = {}
     refs = dict(_values(ref))
-    # Patterns: every value up (a sum's own rounding), random signs (a cancellation), and every
-    # intermediate result moved with random signs, two draws (a cancellation of rounded
-    # intermediates, which moving the inputs moves together: tanh(x) - erf(tanh(x)); one draw
-    # can move both terms alike and see nothing).
-    patterns = [("input_conditioning", lambda scale: run(scale)),
-                ("input_conditioning", lambda scale: run(-scale))]
-    patterns += [("rounding_conditioning", functools.partial(run_rounding, draw=d))
-                 for d in (1, 2)]
-    for name, runner in patterns:
-        out = parts[name]
+    # Every intermediate result moved with random signs, two draws (a cancellation of rounded
+    # intermediates, tanh(x) - erf(tanh(x)); one draw can move both terms alike and see nothing).
+    for runner in [functools.partial(run_rounding, draw=d) for d in (1, 2)]:
         try:
             big, small = runner(1.0), runner(1.0 / 16)
         except Exception:  # eager cannot run the moved inputs (e.g. out of domain): no estimate
@@ -253,8 +230,8 @@ def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes:
             e_big, e_small = rel_err(b, r, mask), rel_err(s, r, mask)
             if e_small > 0 and 8 <= e_big / e_small <= 32:
                 out[what] = max(out.get(what, 0.0), e_big)
-    parts["emulated_spread"] = _emulated_spread(fn, make, seed, tangent_dtypes, refs)
-    return parts
+    return {"rounding_conditioning": out,
+            "emulated_spread": _emulated_spread(fn, make, seed, tangent_dtypes, refs)}
 
 
 def _emulated_spread(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
@@ -294,13 +271,12 @@ def _lowest_dtype(args: list, tangent_dtypes: list) -> Optional[torch.dtype]:
 
 class _RoundToDtype(TorchDispatchMode):
     """Rounds every float64 result of a functional ATen op to `dtype` (and back), after a
-    relative nudge below half its eps drawn per element (draw 0: no nudge) where the result
-    is not exact in `dtype`."""
+    relative nudge below half its eps (draw 0: no nudge) where the result is not exact in
+    `dtype`. The nudge is a function of the element's value and the draw (_value_noise)."""
 
     def __init__(self, dtype: torch.dtype, draw: int):
         super().__init__()
         self.dtype, self.draw = dtype, draw
-        self.g = torch.Generator().manual_seed(7919 * draw + 1)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -316,10 +292,23 @@ class _RoundToDtype(TorchDispatchMode):
                 return rounded
             # A result exact in `dtype` stays exact: a faithfully rounded op returns it (so
             # ties eager keeps, maximum(x, x.mean()) of equal values, are kept here too).
-            noise = torch.rand(t.shape, generator=self.g, dtype=t.dtype) - 0.5
-            nudged = (t * (1 + noise.to(t.device) * torch.finfo(self.dtype).eps))
+            noise = _value_noise(t, self.draw)
+            nudged = (t * (1 + noise * torch.finfo(self.dtype).eps))
             return torch.where(rounded == t, t, nudged.to(self.dtype).to(torch.float64))
         return tree_map(rnd, out)
+
+
+def _value_noise(t: torch.Tensor, draw: int) -> torch.Tensor:
+    """Uniform in [-0.5, 0.5) per element, a hash of its float64 bits and `draw`: equal values
+    get equal noise, as an op gives equal results for equal exact values in any evaluation.
+    Noise drawn per element rounded copies of one value apart (sin of an expanded input): their
+    std, exactly 0, became rounding noise and its gradient 0/0 (policy review, BENCHMARKS.md
+    session 27: a float32 gradient's "valid spread" 0.49, where eager and trainc were 4e-8)."""
+    h = t.contiguous().view(torch.int64) + draw * 0x9E3779B97F4A7C1
+    for _ in range(2):  # multiply-xorshift rounds (int64 arithmetic wraps)
+        h = h * 0x5851F42D4C957F2D
+        h = h ^ (h >> 29)
+    return ((h >> 11) & 0xFFFFFF).to(torch.float64) / 2.0 ** 24 - 0.5
 
 
 def _rounds(func, args) -> bool:
@@ -370,23 +359,6 @@ class _RoundEachOp(TorchDispatchMode):
 
 def _perturbable(x: Any) -> bool:
     return torch.is_tensor(x) and x.is_floating_point() and x.dtype != torch.float64
-
-
-def _perturbed(x: torch.Tensor, dtype: torch.dtype, scale: float, salt: int) -> torch.Tensor:
-    """x * (1 + scale * u(dtype)), u the unit roundoff, over its storage (expanded inputs stay
-    expanded); a negative scale draws a sign per element from a fixed generator (the same
-    signs at every scale), a positive one moves every element up."""
-    if dtype == torch.float64 or not x.is_floating_point() or x.layout != torch.strided:
-        return x
-    u = torch.finfo(dtype).eps / 2
-    flat = _storage_of(x)
-    n = flat.numel()
-    signs = torch.ones(n, dtype=x.dtype)
-    if scale < 0:
-        g = torch.Generator().manual_seed(salt)
-        signs = torch.randint(0, 2, (n,), generator=g).to(x.dtype).mul_(2).sub_(1)
-    moved = flat.detach() * (1 + abs(scale) * u * signs.to(x.device))
-    return moved.as_strided(x.shape, x.stride(), x.storage_offset())
 
 
 def _tangents(outs: list, seed: int, dtypes: list) -> list:

@@ -5,9 +5,10 @@ everything else (shapes, dtypes, integer values, NaN/Inf positions) must match e
 
 err(eager) is one rounding sample: a value that cancels (1.427 - 1.434) is off by a few ulps of
 its terms in any evaluation order, and eager may happen to land closer. check.py therefore also
-measures each value's conditioning (how far it moves when the inputs and tangents move by one
-unit roundoff, or every intermediate result does, in float64, where that response is linear)
-and uses it for err(eager) when larger.
+measures each value's conditioning (how far it moves when every intermediate result moves by
+one unit roundoff, in float64, where that response is linear; and the spread of emulated
+low-precision evaluations) and uses it for err(eager) when larger (Relaxations lists every
+such allowance; the policy review of session 27, BENCHMARKS.md, says what each admits).
 """
 from __future__ import annotations
 
@@ -39,10 +40,9 @@ class Relaxations:
     on is the policy; switching one off only makes the check stricter."""
     small_k: bool = True  # k doubled below SMALL_NUMEL elements
     ill_conditioned: bool = True  # err(eager) > ILL_CONDITIONED: exact properties only
-    # check._conditioning_parts, each used as err(eager) when larger: the response to inputs and
-    # tangents moved by one unit roundoff; to every intermediate result moved so; the spread
-    # of emulated low-precision evaluations
-    input_conditioning: bool = True
+    # check._conditioning_parts, each used as err(eager) when larger: the response to every
+    # intermediate result moved by one unit roundoff; the spread of emulated low-precision
+    # evaluations
     rounding_conditioning: bool = True
     emulated_spread: bool = True
     float32_hint: bool = True  # float64 programs: a float32 run's error * 2**-29 as err(eager)
@@ -136,17 +136,22 @@ def _compare_float(what: str, compiled, eager, ref, eager_err,
     if not bool(mask.any()):
         return None
     k, floor = TOLERANCES.get(eager.dtype, TOLERANCES[torch.float32])
-    k = 2 * k if int(mask.sum()) < SMALL_NUMEL and relax.small_k else k
-    e_c, e_e = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
-    e_e = max(e_e, eager_err or 0.0)
-    if eager.dtype in (torch.bfloat16, torch.float16) and int(mask.sum()) < SMALL_NUMEL \
-            and relax.unit_roundoff:
+    small = int(mask.sum()) < SMALL_NUMEL
+    e_c, sample = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
+    if eager.dtype in (torch.bfloat16, torch.float16) and small and relax.unit_roundoff:
         # A few elements: eager's error is one rounding sample, 0 when it happens to round the
         # right way; an equally valid evaluation order lands one ulp off, which the bf16 floor
         # (1e-3 < half an ulp, 3.9e-3) would call a bug. Expect at least one unit roundoff.
-        e_e = max(e_e, torch.finfo(eager.dtype).eps / 2)
-    if e_c <= k * e_e + floor or (e_e > ILL_CONDITIONED and relax.ill_conditioned):
+        sample = max(sample, torch.finfo(eager.dtype).eps / 2)
+    # k doubles for eager's own error only: it is one rounding sample of a few elements. An
+    # estimate (eager_err) is already the worst of several patterns or evaluations; doubling it
+    # too let a 25% wrong 10-element bf16 gradient pass (policy review, BENCHMARKS session 27).
+    k_sample = 2 * k if small and relax.small_k else k
+    hint = eager_err or 0.0
+    if e_c <= max(k_sample * sample, k * hint) + floor or (
+            max(sample, hint) > ILL_CONDITIONED and relax.ill_conditioned):
         return None
+    k, e_e = (k_sample, sample) if k_sample * sample >= k * hint else (k, hint)
     return Mismatch(what, f"exceeds {k:g} * eager + {floor:g}", e_c, e_e)
 
 
