@@ -70,3 +70,33 @@ def test_review_script_smoke(tmp_path):
     assert all(set(r["policy"]["failing"]) == set(review.CONFIGS) for r in rows if "policy" in r)
     table = review.tables(rows)
     assert "| small_k |" in table and "| scale " in table
+
+
+def _estimates(f, make):
+    from trainc.testing.check import _clone, _conditioning_parts, _run
+    eager = _run(f, None, make(), 0)
+    ref = _run(f, None, [_clone(x, torch.float64) for x in make()], 0, cast=torch.float64,
+               tangent_dtypes=eager.tangent_dtypes)
+    return _conditioning_parts(f, make, 0, eager.tangent_dtypes, ref)
+
+
+def test_estimates_keep_inputs_exact():
+    """grad of sin(x) - x at |x| ~ 1e4 is well conditioned for every evaluation that gets x
+    exactly (cos of an exact float32 input); the estimates once moved x and said 4e-4."""
+    def make():
+        g = torch.Generator().manual_seed(840)
+        x = (torch.randn(17, 17, generator=g, dtype=torch.float64) * 1e4).float()
+        return [x.requires_grad_()]
+    parts = _estimates(lambda x: (torch.sin(x) - x,), make)
+    for name in ("rounding_conditioning", "emulated_spread"):
+        assert parts[name].get("grad of input 0", 0.0) < 1e-6, (name, parts[name])
+
+
+def test_emulated_spread_rounds_equal_values_alike():
+    """std over copies of one value is exactly 0 in any evaluation; nudging each copy its own
+    way once made its 0/0 gradient look like a valid spread of 0.49."""
+    def make():
+        x = torch.tensor([[0.3]]).expand(17, 3).requires_grad_()
+        return [x]
+    parts = _estimates(lambda x: (torch.sin(x * 2.5).std(1),), make)
+    assert parts["emulated_spread"].get("grad of input 0", 0.0) < 1e-6, parts
