@@ -126,10 +126,15 @@ def test_conditioning_measures_cancellation_and_skips_ties():
         ref = _run(f, None, [x.detach().double().requires_grad_() for x in inputs], 0,
                    cast=torch.float64, tangent_dtypes=eager.tangent_dtypes)
         return _conditioning(f, make, 0, eager.tangent_dtypes, ref)
-    # a + b cancels 200-fold: one unit roundoff of the inputs moves it ~200 unit roundoffs
-    cancel = run_estimate(lambda a, b: (a + b,), [torch.tensor([1.4271]), torch.tensor([-1.4343])])
+    # 1.1a + 1.1b cancels 200-fold: one unit roundoff of the rounded products moves it ~200
+    # unit roundoffs (the inputs themselves are exact in every evaluation: a + b alone is not
+    # ill-conditioned, and moving inputs is no longer part of the estimate)
+    cancel = run_estimate(lambda a, b: (a * 1.1 + b * 1.1,),
+                          [torch.tensor([1.4271]), torch.tensor([-1.4343])])
     assert 100 * 2 ** -24 < cancel["output 0"] < 1000 * 2 ** -24
-    assert cancel["grad of input 0"] < 4 * 2 ** -24  # the gradient (the tangent) is not
+    assert cancel["grad of input 0"] < 4 * 2 ** -24  # the gradient (1.1 * tangent) is not
+    exact = run_estimate(lambda a, b: (a + b,), [torch.tensor([1.4271]), torch.tensor([-1.4343])])
+    assert exact["output 0"] < 4 * 2 ** -24
     # maximum(x, x.mean()) of equal values is a tie: random signs break it (a jump, not linear:
     # no estimate); moving every value up keeps it (one unit roundoff): a wrong side of the tie
     # is never excused

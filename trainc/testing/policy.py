@@ -5,9 +5,10 @@ everything else (shapes, dtypes, integer values, NaN/Inf positions) must match e
 
 err(eager) is one rounding sample: a value that cancels (1.427 - 1.434) is off by a few ulps of
 its terms in any evaluation order, and eager may happen to land closer. check.py therefore also
-measures each value's conditioning (how far it moves when the inputs and tangents move by one
-unit roundoff, or every intermediate result does, in float64, where that response is linear)
-and uses it for err(eager) when larger.
+measures each value's conditioning (how far it moves when every intermediate result moves by
+one unit roundoff, in float64, where that response is linear; and the spread of emulated
+low-precision evaluations) and uses it for err(eager) when larger (Relaxations lists every
+such allowance; the policy review of session 27, BENCHMARKS.md, says what each admits).
 """
 from __future__ import annotations
 
@@ -30,6 +31,38 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (3.0, 1e-3),
     torch.float16: (3.0, 1e-3),
 }
+
+
+@dataclass(frozen=True)
+class Relaxations:
+    """The policy's allowances beyond err(compiled) <= k * err(eager) + floor, each switchable
+    so benchmarks/policy_review.py can measure what it admits. All on is the policy; switching
+    one off only makes the check stricter.
+
+    Review (BENCHMARKS.md, session 27: 700 generated programs on cpp, 317 on aten): none of
+    these admitted a value of a clean compiled program, so none hid a miscompilation that
+    float64 gradcheck sees; every planted 1e-3 wrong gradient of a float32/float64 program was
+    caught. Kept all. In bfloat16 small_k, unit_roundoff and the two estimates let most planted
+    2e-2 (~5 unit roundoff) wrong gradients pass (gradcheck in float64 catches ~95%): the bf16
+    check cannot tell errors that size from a valid bf16 evaluation. Dropped in that review:
+    moving the inputs for the conditioning estimate; tightened: k doubling (eager's own error
+    only) and the emulated evaluations' nudge (a hash of the value)."""
+    small_k: bool = True  # k doubled below SMALL_NUMEL elements
+    ill_conditioned: bool = True  # err(eager) > ILL_CONDITIONED: exact properties only
+    # check._conditioning_parts, each used as err(eager) when larger: the response to every
+    # intermediate result moved by one unit roundoff; the spread of emulated low-precision
+    # evaluations
+    rounding_conditioning: bool = True
+    emulated_spread: bool = True
+    float32_hint: bool = True  # float64 programs: a float32 run's error * 2**-29 as err(eager)
+    saturated: bool = True  # float64 programs: a float32 error over 0.1 used unscaled
+    unit_roundoff: bool = True  # bf16/fp16 below SMALL_NUMEL: err(eager) >= one unit roundoff
+    eager_nan: bool = True  # NaN in eager only: compiled's non-NaN value accepted
+    eager_variants: bool = True  # second.py: channels-last / one-thread eager runs' spread
+    boundary_flips: bool = True  # second.py: float64 with near-cutoff inputs flipped
+
+
+ALL_ON = Relaxations()
 
 
 @dataclass(frozen=True)
@@ -58,12 +91,13 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def compare(what: str, compiled, eager, ref,
-            eager_err: Optional[float] = None) -> Optional[Mismatch]:
+def compare(what: str, compiled, eager, ref, eager_err: Optional[float] = None,
+            relax: Relaxations = ALL_ON) -> Optional[Mismatch]:
     """Check one output or gradient; `ref` is the float64 run, `eager` the same-dtype run.
 
     `eager_err`: an estimate of eager's error to use when larger than the measured one (for
     float64, where eager is the reference: a float32 run's error scaled down to float64).
+    `relax`: which of the policy's relaxations apply (all by default).
     """
     if eager is None or compiled is None:
         # A gradient autograd never reached is None in one run and zeros in another: same value.
@@ -89,16 +123,19 @@ def compare(what: str, compiled, eager, ref,
     if eager.is_complex():  # real and imaginary parts as floats, each under the same policy
         compiled, eager, ref = (torch.view_as_real(t.resolve_conj())
                                 for t in (compiled, eager, ref))
-    return _compare_float(what, compiled, eager, ref, eager_err)
+    return _compare_float(what, compiled, eager, ref, eager_err, relax)
 
 
-def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Mismatch]:
+def _compare_float(what: str, compiled, eager, ref, eager_err,
+                   relax: Relaxations = ALL_ON) -> Optional[Mismatch]:
     # Where eager alone says NaN, compiled is the better float result when it is not NaN either
     # and any infinity it has points the reference's way: float32 CPU gelu(+inf) is NaN in
     # eager, +inf in trainc; after an intermediate overflow (exp(94) in float32) the float64
     # reference is finite, eager NaN and trainc +inf.
     better = torch.isnan(eager) & ~torch.isnan(compiled) & ~torch.isnan(ref) & \
         (torch.isfinite(compiled) | (torch.sign(compiled) == torch.sign(ref)))
+    if not relax.eager_nan:
+        better = torch.zeros_like(better)
     for name, test in (("NaN", torch.isnan), ("+Inf", _posinf), ("-Inf", _neginf)):
         differ = (test(compiled) != test(eager)) & ~better
         if bool(differ.any()):
@@ -108,16 +145,22 @@ def _compare_float(what: str, compiled, eager, ref, eager_err) -> Optional[Misma
     if not bool(mask.any()):
         return None
     k, floor = TOLERANCES.get(eager.dtype, TOLERANCES[torch.float32])
-    k = 2 * k if int(mask.sum()) < SMALL_NUMEL else k
-    e_c, e_e = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
-    e_e = max(e_e, eager_err or 0.0)
-    if eager.dtype in (torch.bfloat16, torch.float16) and int(mask.sum()) < SMALL_NUMEL:
+    small = int(mask.sum()) < SMALL_NUMEL
+    e_c, sample = rel_err(compiled, ref, mask), rel_err(eager, ref, mask)
+    if eager.dtype in (torch.bfloat16, torch.float16) and small and relax.unit_roundoff:
         # A few elements: eager's error is one rounding sample, 0 when it happens to round the
         # right way; an equally valid evaluation order lands one ulp off, which the bf16 floor
         # (1e-3 < half an ulp, 3.9e-3) would call a bug. Expect at least one unit roundoff.
-        e_e = max(e_e, torch.finfo(eager.dtype).eps / 2)
-    if e_c <= k * e_e + floor or e_e > ILL_CONDITIONED:
+        sample = max(sample, torch.finfo(eager.dtype).eps / 2)
+    # k doubles for eager's own error only: it is one rounding sample of a few elements. An
+    # estimate (eager_err) is already the worst of several patterns or evaluations; doubling it
+    # too let a 25% wrong 10-element bf16 gradient pass (policy review, BENCHMARKS session 27).
+    k_sample = 2 * k if small and relax.small_k else k
+    hint = eager_err or 0.0
+    if e_c <= max(k_sample * sample, k * hint) + floor or (
+            max(sample, hint) > ILL_CONDITIONED and relax.ill_conditioned):
         return None
+    k, e_e = (k_sample, sample) if k_sample * sample >= k * hint else (k, hint)
     return Mismatch(what, f"exceeds {k:g} * eager + {floor:g}", e_c, e_e)
 
 

@@ -16,7 +16,7 @@ from typing import Optional, Protocol
 import torch
 
 from trainc.testing import flips
-from trainc.testing.policy import Mismatch, compare
+from trainc.testing.policy import ALL_ON, Mismatch, Relaxations, compare
 
 Values = dict  # what -> value, as check._values names them
 
@@ -31,24 +31,32 @@ class Runs(Protocol):
 
 
 def reconsider(failed: list[Mismatch], comp: Values, eager: Values, ref: Values,
-               cond: dict, runs: Runs) -> tuple[list[Mismatch], list[Mismatch]]:
-    """(still failing, excused notes)."""
+               cond: dict, runs: Runs, relax: Relaxations = ALL_ON
+               ) -> tuple[list[Mismatch], list[Mismatch]]:
+    """(still failing, excused notes). `relax` says whether eager variants and boundary
+    flips may excuse a value (and which of policy's relaxations the re-checks apply)."""
     numeric = [m for m in failed if m.err_compiled is not None]
-    if not numeric:
+    if not numeric or not (relax.eager_variants or relax.boundary_flips):
         return failed, []
-    spread, which = _variant_spread([m.what for m in numeric], ref, runs)
+    spread, which = {}, {}
+    if relax.eager_variants:
+        spread, which = _variant_spread([m.what for m in numeric], ref, runs)
     still, notes = [], []
     for m in numeric:
-        hint = max(cond.get(m.what, 0.0), spread.get(m.what, 0.0)) or None
-        again = compare(m.what, comp[m.what], eager[m.what], ref[m.what], eager_err=hint)
+        if m.what not in spread:
+            still.append(m)
+            continue
+        hint = max(cond.get(m.what, 0.0), spread[m.what]) or None
+        again = compare(m.what, comp[m.what], eager[m.what], ref[m.what], eager_err=hint,
+                        relax=relax)
         if again is None:
             notes.append(replace(m, kind="eager variant",
                                  reason=f"within the spread of eager variants ({which[m.what]}: "
                                         f"err {spread[m.what]:.3g})"))
         else:
             still.append(again)
-    if still:
-        still, flip_notes = _boundary_flips(still, comp, eager, ref, cond, spread, runs)
+    if still and relax.boundary_flips:
+        still, flip_notes = _boundary_flips(still, comp, eager, ref, cond, spread, runs, relax)
         notes += flip_notes
     others = [m for m in failed if m.err_compiled is None]
     return others + still, notes
@@ -70,7 +78,7 @@ def _variant_spread(whats: list[str], ref: Values, runs: Runs) -> tuple[dict, di
 
 
 def _boundary_flips(failed: list[Mismatch], comp: Values, eager: Values, ref: Values,
-                    cond: dict, spread: dict, runs: Runs):
+                    cond: dict, spread: dict, runs: Runs, relax: Relaxations = ALL_ON):
     try:
         near = flips.near_cutoffs(runs.record(True), runs.record(False))
     except Exception:  # noqa: BLE001 - no recording, no opinion
@@ -80,7 +88,7 @@ def _boundary_flips(failed: list[Mismatch], comp: Values, eager: Values, ref: Va
             alt = runs.flipped_reference(chosen)
         except Exception:  # noqa: BLE001
             continue
-        if all(_passes(m.what, comp, eager, ref, alt, cond, spread) for m in failed):
+        if all(_passes(m.what, comp, eager, ref, alt, cond, spread, relax) for m in failed):
             where = "; ".join(str(n) for n in near if n.call in chosen)
             flipped_n = sum(len(v) for v in chosen.values())
             return [], [replace(m, kind="boundary flip",
@@ -94,7 +102,7 @@ def _boundary_flips(failed: list[Mismatch], comp: Values, eager: Values, ref: Va
 
 
 def _passes(what: str, comp: Values, eager: Values, ref: Values, alt: Values, cond: dict,
-            spread: dict) -> bool:
+            spread: dict, relax: Relaxations = ALL_ON) -> bool:
     """The compiled value against an alternative reference `alt`, with eager's own rounding
     error (eager - ref) moved onto it: eager did not flip, so its error against `alt` would
     include the flip itself and excuse anything."""
@@ -103,7 +111,7 @@ def _passes(what: str, comp: Values, eager: Values, ref: Values, alt: Values, co
         return False
     like = (a.double() + (e.double() - r.double())).to(e.dtype)
     hint = max(cond.get(what, 0.0), spread.get(what, 0.0)) or None
-    return compare(what, comp[what], like, a, eager_err=hint) is None
+    return compare(what, comp[what], like, a, eager_err=hint, relax=relax) is None
 
 
 def _err(x, ref) -> Optional[float]:
