@@ -150,6 +150,11 @@ def max_pool2d_backward(ctx, node, g, x, kernel, stride, padding, dilation, ceil
     if _count(pool, reach) > MAX_WINDOW:
         return NotImplemented
     W, dt = pool.n_in[1], opmath(out.dtype)
+    if _count(pool, reach) > 1:
+        # each input position reads several windows' index and gradient: computed once each
+        # (indices recomputed in the backward are a 9-way argmax; inlined, 4 of them ran per
+        # input element of a 3x3 stride-2 pool)
+        indices, g = ctx.realize(indices), ctx.realize(g)
 
     def fn(i):
         *lead, h, w = i
