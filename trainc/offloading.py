@@ -84,6 +84,15 @@ def request_loads(bwd_gms: Sequence[Optional[fx.GraphModule]], part: Partition,
     return tuple(part.saved[j] for j in inputs)
 
 
+def kept_why(backend: str, moves: bool) -> str:
+    """Why a value asked to move to host memory stayed on the device (explain's rule)."""
+    if not moves:
+        return f"backend {backend!r} keeps saved values in device memory"
+    return (f"the codegen moves only whole buffers of at least {O.MIN_BYTES} bytes that it makes "
+            "(no fallback's result, none written again in place), returned once or, inside a "
+            "step, read again after a gap")
+
+
 class BudgetOffload:
     """A memory budget's predictions for one joint graph when saved values may move: a plan ->
     its predicted step peak with the most moved that the copies allow (`__call__`), without
@@ -97,8 +106,7 @@ class BudgetOffload:
         self.build, self.models, self.step_peak = build, models, step_peak
         self.bandwidth = bandwidth
         self.graphs: dict = {}
-        self.peaks: dict = {}  # (plan key, n) -> (peak, feasible)
-        self.moved: dict = {}  # (plan key, n) -> the names the wrappers move (of those asked)
+        self.peaks: dict = {}  # (plan key, n) -> (peak, feasible, names the wrappers move)
         self.most: dict = {}  # plan key -> the most values that can move
 
     def _graphs(self, plan):
@@ -106,20 +114,19 @@ class BudgetOffload:
         if key not in self.graphs:
             part, fwd, bwd = self.build(plan)
             order = _made_order(fwd, part)
-            nbytes = {d.name: d.nbytes for d in part.decisions}
             movable = [d.name for d in part.decisions if d.action == "saved" and not d.is_input
                        and not d.offload and d.nbytes >= O.MIN_BYTES and d.name in order]
             cands = sorted(movable, key=lambda s: order[s])
-            self.graphs[key] = (part, fwd, bwd, self.models(fwd), self.models(bwd), cands,
-                                nbytes)
+            self.graphs[key] = (part, fwd, bwd, self.models(fwd), self.models(bwd), cands)
         return self.graphs[key]
 
-    def peak(self, plan, n: int) -> tuple[int, bool]:
+    def peak(self, plan, n: int) -> tuple[int, bool, tuple]:
         """The predicted step peak with the first n candidates moved (and any the policy
-        moves), and whether the copies' estimates let them overlap the compute."""
+        moves), whether the copies' estimates let them overlap the compute, and the names the
+        wrappers move (of those asked)."""
         key = (_key(plan), n)
         if key not in self.peaks:
-            part, fwd, bwd, fmodel, bmodel, cands, _ = self._graphs(plan)
+            part, fwd, bwd, fmodel, bmodel, cands = self._graphs(plan)
             names = list(part.offloaded) + cands[:n]
             fplan = fmodel(save_request(fwd, part, self.bandwidth, names))
             first = _outputs(fwd) - len(part.saved)
@@ -129,8 +136,7 @@ class BudgetOffload:
             fo, bo = fplan.offload, bplan.offload
             ok = (fo is None or fo.late == 0) and (
                 bo is None or bo.stall_seconds <= STALL_SHARE * bo.span_seconds)
-            self.peaks[key] = (self.step_peak(part, fplan, bplan, moved).peak, ok)
-            self.moved[key] = tuple(moved)
+            self.peaks[key] = (self.step_peak(part, fplan, bplan, moved).peak, ok, tuple(moved))
         return self.peaks[key]
 
     def base(self, plan) -> int:
@@ -139,31 +145,39 @@ class BudgetOffload:
     def __call__(self, plan) -> int:
         k = _key(plan)
         if k not in self.most:
-            cands = self._graphs(plan)[5]
-            lo, hi = 0, len(cands)  # the most that can move: feasibility falls as more do
-            if self.peak(plan, hi)[1]:
-                lo = hi
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if self.peak(plan, mid)[1] else (lo, mid)
-            self.most[k] = lo
+            self.most[k] = _most(lambda n: self.peak(plan, n), len(self._graphs(plan)[5]))
         return self.peak(plan, self.most[k])[0]
 
     def offload(self, plan, cap: int) -> tuple[tuple[str, ...], int]:
         """The fewest candidates (in the forward's order) whose moving meets `cap`, within the
         most that can move: the names the wrappers then move, and the predicted peak."""
         self(plan)
-        most = self.most[_key(plan)]
-        if self.peak(plan, 0)[0] <= cap:
-            n = 0
-        else:
-            lo, hi = 0, most  # peak(lo) > cap >= peak(hi), or hi = most
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if self.peak(plan, mid)[0] <= cap else (mid, hi)
-            n = hi
-        peak = self.peak(plan, n)[0]
-        return self.moved[_key(plan), n], peak
+        peak, _, moved = self.peak(plan, _fewest(lambda n: self.peak(plan, n),
+                                                 self.most[_key(plan)], cap))
+        return moved, peak
+
+
+def _most(peak: Callable[[int], tuple], n: int) -> int:
+    """The most candidates that can move (peak(k)[1]: moving the first k overlaps the compute;
+    that falls as more move), of n."""
+    lo, hi = 0, n
+    if peak(hi)[1]:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid)[1] else (lo, mid)
+    return lo
+
+
+def _fewest(peak: Callable[[int], tuple], most: int, cap: int) -> int:
+    """The fewest candidates whose moving brings peak(k)[0] under `cap`, at most `most`."""
+    if peak(0)[0] <= cap:
+        return 0
+    lo, hi = 0, most  # peak(lo) > cap >= peak(hi), or hi = most
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if peak(mid)[0] <= cap else (mid, hi)
+    return hi
 
 
 def _made_order(fwd: fx.GraphModule, part: Partition) -> dict[str, int]:
@@ -206,35 +220,23 @@ class StepOffload:
             memo[n] = (plan.peak_bytes, ok, plan.moved_nodes)
         return memo[n]
 
-    def _most(self, model, names: list, memo: dict) -> int:
-        lo, hi = 0, len(names)  # feasibility falls as more move
-        if self._peak(model, names, memo, hi)[1]:
-            return hi
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._peak(model, names, memo, mid)[1] else (lo, mid)
-        return lo
-
     def base(self, stitched: fx.GraphModule) -> int:
-        model, names, memo = self._model(stitched)
-        return self._peak(model, names, memo, 0)[0]
+        return self._peaks(stitched)[0](0)[0]
 
     def __call__(self, stitched: fx.GraphModule) -> int:
-        model, names, memo = self._model(stitched)
-        return self._peak(model, names, memo, self._most(model, names, memo))[0]
+        peak, n = self._peaks(stitched)
+        return peak(_most(peak, n))[0]
 
     def offload(self, stitched: fx.GraphModule, cap: int) -> tuple[tuple[str, ...], int]:
+        peak, n = self._peaks(stitched)
+        found, _, moved = peak(_fewest(peak, _most(peak, n), cap))
+        return moved, found
+
+    def _peaks(self, stitched: fx.GraphModule) -> tuple[Callable[[int], tuple], int]:
+        """k -> (peak, overlaps, moved) with the first k candidates asked to move, memoised;
+        and the number of candidates."""
         model, names, memo = self._model(stitched)
-        most = self._most(model, names, memo)
-        n = 0
-        if self._peak(model, names, memo, 0)[0] > cap:
-            lo, hi = 0, most
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if self._peak(model, names, memo, mid)[0] <= cap else (mid, hi)
-            n = hi
-        peak, _, moved = self._peak(model, names, memo, n)
-        return moved, peak
+        return (lambda k: self._peak(model, names, memo, k)), len(names)
 
 
 def _nbytes(n: fx.Node) -> int:

@@ -18,7 +18,7 @@ from trainc.accumulate import accumulating_backward, plan_accumulation
 from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_natively_on_cuda,
                             get_backend, memory_models, memory_planner, target_for)
 from trainc.codegen.cudagraphs import mark_static_inputs
-from trainc.codegen.memory.offload import OFFLOAD, min_bytes as offload_min_bytes
+from trainc.codegen.memory.offload import OFFLOAD
 from trainc.config import Config, resolve
 from trainc.graph import InputKind
 from trainc.joint import trace_joint
@@ -110,9 +110,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
         moved = offloading.request_loads([bwd_gm, acc_gm], part, fwd_gm,
                                          fwd.extra.get("offloaded_outputs", ()), bandwidth) \
             if moves else ()
-        part = with_moved(part, moved, f"the codegen moves only whole buffers of at least "
-                          f"{offload_min_bytes()} bytes that it makes and returns once" if moves
-                          else f"backend {backend.name!r} keeps saved values in device memory")
+        part = with_moved(part, moved, offloading.kept_why(backend.name, moves))
     dump.lap("codegen forward")
     bwd = _compile_backward(backend, fwd, bwd_gm, joint.signature.num_fwd_outputs)
     bwd_acc = _compile_backward(backend, fwd, acc_gm, joint.signature.num_fwd_outputs)

@@ -193,10 +193,8 @@ class CompiledStep:
                                               bandwidth=offloading.host_bandwidth(_device(flat)))
         compiled = generate(backend, gm, [i.name for i in sig.inputs if i.kind in _STAYS_PUT])
         if part is not None and part.offloaded:
-            part = with_moved(part, compiled.extra.get("offloaded_nodes", ()), (
-                "the codegen moves only whole buffers that outlive a gap between their "
-                "readers, not graph outputs or in-place buffers") if moves else
-                f"backend {backend.name!r} keeps saved values in device memory")
+            part = with_moved(part, compiled.extra.get("offloaded_nodes", ()),
+                              offloading.kept_why(backend.name, moves))
         dump.compiled("30", "step", gm, compiled, "whole step graph given to the backend")
         dump.codegen(step=compiled)
         rec = records.GraphRecord.make(gid, JointGraph(gm, sig, self._attention_rewrites,

@@ -74,10 +74,6 @@ class Offload:
         return "\n".join(lines)
 
 
-def min_bytes() -> int:
-    return MIN_BYTES
-
-
 def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
     """Output positions from `first` on whose buffer can move to host: a whole buffer the
     wrapper makes (not an input or a constant, nor in an input's storage, nor a fallback op's
@@ -196,8 +192,8 @@ def plan_loads(sched: Schedule, params: dict[str, list[str]], bufs: Sequence[str
     (the next copy's start, or its first reader's), as late as that allows; the stall is what
     the step would wait for them as estimated."""
     secs = item_seconds(sched, params)
-    first = _first_reads(sched, params)
-    uses = {b: first.get(b, len(secs) - 1) for b in bufs}
+    reads = _all_reads(sched, params)
+    uses = {b: reads[b][0] if b in reads else len(secs) - 1 for b in bufs}
     issue, stall = _issue(_starts(secs), [(b, uses[b], sched.graph.buffers[b].nbytes /
                                            bandwidth, 0) for b in bufs])
     load = tuple((b, issue[b], uses[b]) for b in sorted(bufs, key=lambda b: uses[b]))
@@ -212,15 +208,6 @@ def _made_at(sched: Schedule) -> dict[str, int]:
         for b in names:
             made.setdefault(b, k)
     return made
-
-
-def _first_reads(sched: Schedule, params: dict[str, list[str]]) -> dict[str, int]:
-    first: dict[str, int] = {}
-    for k, item in enumerate(sched.items):
-        names = params.get(item.name, ()) if isinstance(item, Kernel) else _call_buffers(item)
-        for b in names:
-            first.setdefault(b, k)
-    return first
 
 
 def output_buffers(g: LoweredGraph, positions: Sequence[int]) -> list[str]:
