@@ -129,7 +129,12 @@ def main(argv=None) -> None:
                          peak_mib=round(peak_bytes(step, torch.device("cuda")) / 2**20),
                          grad_rel_l2_vs_eager=rel,
                          sdpa_rewrites=sum(r.sdpa_rewrites for r in recs),
-                         chunked_losses=sum(r.chunked_losses for r in recs), graphs=len(recs))
+                         chunked_losses=sum(r.chunked_losses for r in recs), graphs=len(recs),
+                         predicted_mib=round(sum(r.predicted_peak.peak for r in recs
+                                                 if r.training and r.predicted_peak) / 2**20),
+                         host_mib=round(sum(d.nbytes for r in recs for d in r.decisions
+                                            if d.offload) / 2**20),
+                         notes=[n for r in recs for n in r.partition_notes if "budget" in n])
         print(mode, res[mode], flush=True)
 
     times = {m: [] for m in modes}

@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                       "0.1", "0.0"])
     rep.add_argument("--torch-budgets", nargs="*", default=None, type=float,
                      help="torch.compile at these activation_memory_budget values beside "
-                          "trainc's (default on cuda: 1.0 0.5 0.0; on cpu: none)")
+                          "trainc's (default on cuda: 1.0 0.5 0.0; on cpu: none; the bare flag: none)")
     rep.add_argument("--out", default="trainc_report")
     rep.add_argument("--steps", type=int, default=5)
     rep.add_argument("--backend", default="auto")

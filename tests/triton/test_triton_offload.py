@@ -142,9 +142,11 @@ def test_policy_offload_on_cpp_is_saved_and_says_why():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_offload_on_cuda_lowers_the_measured_peak_and_matches_eager(monkeypatch):
     """Large enough matmuls that the copies overlap them: the measured step peak falls with
-    offload, stays within 10% of the prediction, and the gradients match eager's."""
+    offload, stays within 10% of the prediction, and the gradients match eager's. More rows
+    than width, so the saved activations (not the weights' gradients at the backward's end)
+    make the peak that offload can lower."""
     monkeypatch.setenv("TRAINC_CACHE_ARTIFACTS", "0")
-    f, args = _chain(width=4096, rows=2048, layers=4, device="cuda")
+    f, args = _chain(width=4096, rows=8192, layers=4, device="cuda")
     want, want_grads = _grads(f, args)
     peaks, predicted = {}, {}
     for offload in (False, True):
@@ -162,7 +164,7 @@ def test_offload_on_cuda_lowers_the_measured_peak_and_matches_eager(monkeypatch)
         peaks[offload] = peak_bytes(lambda: c(*args).backward(), torch.device("cuda"))
         for a in args:
             a.grad = None
-    assert peaks[True] < peaks[False], peaks
+    assert peaks[True] < peaks[False], (peaks, predicted)
     assert abs(predicted[True] - peaks[True]) <= 0.1 * peaks[True], (predicted, peaks)
 
 
