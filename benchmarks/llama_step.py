@@ -115,6 +115,7 @@ def main(argv=None) -> None:
             step()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
+        trainc.runtime.wait_for_background_compiles()  # the steady state below
         grads = [p.grad.float() for p in params]
         eager_grads = grads if mode == "eager" and eager_grads is None else eager_grads
         rel = None

@@ -102,6 +102,8 @@ class Config:
     # ready, those calls run the traced backward on a dense copy of the tangent (as Inductor
     # does on every call): results within DESIGN.md's tolerance, not always the same bits as
     # the variant's later. False (TRAINC_BACKGROUND_COMPILE=0): compile it then, and wait.
+    # Off under a memory_budget or offload (pipeline.variants_in_background): the dense copy
+    # would raise the peak above the budget's plan.
     # trainc.runtime.wait_for_background_compiles() waits for them (benchmarks).
     background_compile: bool = True
     # TRAINC_CHECK_MUTATIONS=1: prove the post-grad graphs' mutations safe (passes/check_mutations)

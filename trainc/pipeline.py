@@ -118,9 +118,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
     expanded = ExpandedBackwards(functools.partial(
         _compile_for_tangents, backend, bwd_gm, functional_bwd, len(joint.signature.tangents),
         config),
-        background=config.background_compile and  # where compiles are slow, the GPU busy
-        compiles_natively_on_cuda(config.backend, device)) \
-        if bwd_gm is not None else None
+        background=variants_in_background(config, device)) if bwd_gm is not None else None
     art = Artifact(joint.signature, fwd, bwd, bwd_acc, plan, expanded)
     record = records.GraphRecord.make(gid, joint, part, fwd_gm, bwd_gm, fwd, bwd, backend.name,
                                      time.perf_counter() - t0)
@@ -235,6 +233,15 @@ def _offload_predictor(backend: Backend, config: Config):
             build, lambda gm: models(gm, _example_inputs(gm)),
             lambda part, f, b, moved: plans_step_peak(part, f, b, False, moved), bandwidth)
     return for_joint
+
+
+def variants_in_background(config: Config, device: torch.device) -> bool:
+    """Whether backward variants (runtime.ExpandedBackwards) compile in a thread: where
+    compiles are slow and the GPU busy, and no memory budget is set. Until a variant is ready,
+    its calls run the traced backward on dense tangents: the zeros of a model's logits beside
+    its loss can raise the peak above the budget's plan."""
+    return config.background_compile and config.memory_budget is None and not config.offload \
+        and compiles_natively_on_cuda(config.backend, device)
 
 
 def _compile_backward(backend, fwd, bwd_gm, n_fwd_outputs: int):

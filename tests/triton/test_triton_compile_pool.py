@@ -474,3 +474,17 @@ def test_compile_and_compile_step_prestart_for_a_cuda_module(monkeypatch):
     m = torch.nn.Linear(2, 2)
     trainc.compile_step(m, lambda mod, x: mod(x).sum(), torch.optim.SGD(m.parameters(), 0.1))
     assert seen == ["cuda"]
+
+
+def test_backward_variants_compile_in_the_foreground_under_a_budget(monkeypatch):
+    """Under a memory budget or offload, backward variants compile at their first call: the
+    traced backward's dense zero tangents meanwhile would raise the peak above the plan."""
+    from trainc import pipeline
+    from trainc.config import make_config
+    monkeypatch.setattr(pipeline, "compiles_natively_on_cuda", lambda name, device: True)
+    cuda = torch.device("cuda")
+    assert pipeline.variants_in_background(make_config("triton"), cuda)
+    assert not pipeline.variants_in_background(make_config("triton", memory_budget=0.5), cuda)
+    assert not pipeline.variants_in_background(make_config("triton", offload=True), cuda)
+    assert not pipeline.variants_in_background(
+        make_config("triton", background_compile=False), cuda)
