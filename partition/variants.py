@@ -78,7 +78,9 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
     name = f"a graph of {len(joint0.gm.graph.nodes)} nodes"
     cap, note = B.predicted_cap(config.memory_budget, default_peak, min(lows),
                                 B.fixed_bytes(costs0), name)
+    limit = getattr(preds[0].predict, "limit", None)
     if cap is None:
+        note += f"; offload: {limit(rungs[0][0])}" if limit else ""
         return 0, build_partition(joint0, costs0, list(default0.saved), "budget", note)
     fits = [(best.recompute_cost, i, best) for i, (r, p) in enumerate(zip(rungs, preds))
             if (best := B.last_under(r, p, cap)) is not None]
@@ -89,5 +91,6 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
     note = B.predicted_note(cap, default_peak, min(lows), chosen,
                             sum(len(p.peaks) for p in preds))
     if moves:
-        note += f"; {len(moved)} saved values moved to host memory"
+        note += (f"; {len(moved)} saved values moved to host memory "
+                 f"({preds[i].predict.limit(best)})")
     return i, build_partition(joint, costs, list(best.saved), "budget", note, offload=moved)

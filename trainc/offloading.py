@@ -107,6 +107,7 @@ class BudgetOffload:
         self.bandwidth = bandwidth
         self.graphs: dict = {}
         self.peaks: dict = {}  # (plan key, n) -> (peak, feasible, names the wrappers move)
+        self.estimates: dict = {}  # (plan key, n) -> (forward copies late, stall s, allowed s)
         self.most: dict = {}  # plan key -> the most values that can move
 
     def _graphs(self, plan):
@@ -134,8 +135,10 @@ class BudgetOffload:
             bplan = bmodel(OffloadRequest(inputs=inputs, bandwidth=self.bandwidth))
             moved = [part.saved[j] for j in inputs]
             fo, bo = fplan.offload, bplan.offload
-            ok = (fo is None or fo.late == 0) and (
-                bo is None or bo.stall_seconds <= STALL_SHARE * bo.span_seconds)
+            late, stall = (fo.late if fo else 0), (bo.stall_seconds if bo else 0.0)
+            allowed = STALL_SHARE * bo.span_seconds if bo else 0.0
+            ok = late == 0 and stall <= allowed
+            self.estimates[key] = (late, stall, allowed)
             self.peaks[key] = (self.step_peak(part, fplan, bplan, moved).peak, ok, tuple(moved))
         return self.peaks[key]
 
@@ -147,6 +150,20 @@ class BudgetOffload:
         if k not in self.most:
             self.most[k] = _most(lambda n: self.peak(plan, n), len(self._graphs(plan)[5]))
         return self.peak(plan, self.most[k])[0]
+
+    def limit(self, plan) -> str:
+        """Why no more than the most candidates of `plan` can move (the budget's note)."""
+        self(plan)
+        most, n = self.most[_key(plan)], len(self._graphs(plan)[5])
+        if n == 0:
+            return (f"no saved value of the plan can move (the candidates: at least {O.MIN_BYTES} "
+                    "bytes, made by the forward, not an input)")
+        if most == n:
+            return f"all {n} candidates can move"
+        late, stall, allowed = self.estimates[(_key(plan), most + 1)]
+        why = f"{late} forward copies would end after the forward" if late else \
+            f"the backward would wait {stall * 1e3:.3g} ms for copies (allowed {allowed * 1e3:.3g})"
+        return f"{most} of {n} candidates can move; moving {most + 1}: {why}"
 
     def offload(self, plan, cap: int) -> tuple[tuple[str, ...], int]:
         """The fewest candidates (in the forward's order) whose moving meets `cap`, within the

@@ -4,6 +4,7 @@ Under the interpreter (CPU tensors) a host copy is a clone, so the wrappers' lin
 plans and the values are checked; on CUDA the copies run on side streams and the peak is
 measured."""
 import copy
+import re
 
 import pytest
 import torch
@@ -112,7 +113,8 @@ def test_budget_with_offload_lowers_the_predicted_peak(small_moves):
     low, half = low_ex.predicted_peak, explain(0.5, True).predicted_peak
     assert low < plain_low <= default, (low, plain_low, default)
     assert low <= half <= low + 0.5 * (default - low), (low, half, default)
-    assert any("moved to host memory" in n for g in low_ex.graphs for n in g.partition_notes)
+    notes = [n for g in low_ex.graphs for n in g.partition_notes if "moved to host" in n]
+    assert notes and "candidates can move" in notes[0], notes
     assert 0 < low_ex.host_bytes <= low_ex.saved_bytes and "in host memory)" in str(low_ex)
     torch._dynamo.reset()
     got, grads = _grads(trainc.compile(f, backend="triton", memory_budget=0.0, offload=True),
@@ -120,6 +122,24 @@ def test_budget_with_offload_lowers_the_predicted_peak(small_moves):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_budget_note_names_what_stops_more_values_moving(small_moves, monkeypatch):
+    """The budget's note names why no more saved values move: the last value the forward makes
+    cannot reach host memory before the forward ends; on a slower link the backward would
+    wait for its copies back."""
+    f, args = _chain()
+
+    def note(bandwidth):
+        monkeypatch.setattr(offloading, "DEFAULT_BANDWIDTH", bandwidth)
+        torch._dynamo.reset()
+        ex = trainc.explain(f, *args, backend="triton", memory_budget=0.0, offload=True)
+        return next(n for g in ex.graphs for n in g.partition_notes if "moved to host" in n)
+    fast, slow = note(1e16), note(1e12)
+    assert re.search(r"\(3 of 4 candidates can move; moving 4: 1 forward copies would end "
+                     r"after the forward\)", fast), fast
+    assert re.search(r"\(2 of 4 candidates can move; moving 3: the backward would wait "
+                     r"[0-9.e-]+ ms for copies \(allowed [0-9.e-]+\)\)", slow), slow
 
 
 def test_offload_without_a_budget_or_policy_moves_nothing(small_moves):
