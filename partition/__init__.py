@@ -58,6 +58,7 @@ class Partition:
     memory: Optional[MemoryProfile] = None  # simulated liveness of fwd then bwd
     notes: tuple[str, ...] = ()
     offloaded: tuple[str, ...] = ()  # saved values asked to move to host memory (and back)
+    search: str = ""  # a budget's search over predicted plans (budget.search_table), if any
 
     @property
     def saved_bytes(self) -> int:

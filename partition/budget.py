@@ -218,6 +218,29 @@ def predicted_note(cap: int, default_peak: int, low: int, chosen: int, predicted
             f"{chosen / mib:.3f} MiB; {predicted} plans predicted")
 
 
+def search_table(rungs: Sequence[Sequence[Plan]], preds: Sequence[Predictions], cap: int,
+                 chosen: Plan) -> str:
+    """The budget's search as a table (the 21_budget_search.txt dump): every rung of every
+    graph, its recompute cost and simulated peak, and its predicted peak where the search
+    predicted it (with the offload detail where values may move); `*` marks the chosen plan."""
+    mib = 2 ** 20
+    out = [f"cap {cap / mib:.1f} MiB; rungs by rising simulated peak, the default plan "
+           "last (graph 0: the model as traced, later graphs: its rewrites)",
+           f"  {'graph':>5} {'rung':>4} {'recompute':>12} {'GFLOP':>8} {'simulated MiB':>13} "
+           f"{'predicted MiB':>13}  detail"]
+    for g, (rs, pred) in enumerate(zip(rungs, preds)):
+        describe = getattr(pred.predict, "describe", None)
+        for i, r in enumerate(rs):
+            key = tuple(n.name for n in r.saved)
+            got = pred.peaks.get(key)
+            shown = f"{got / mib:.1f}" if got is not None else "-"
+            detail = describe(r) if describe and got is not None else ""
+            mark = "*" if r is chosen else " "
+            out.append(f"{mark} {g:>5} {i:>4} {r.recompute_cost:>12} {r.recompute_flops / 1e9:>8.2f} "
+                       f"{r.memory.peak / mib:>13.1f} {shown:>13}  {detail}".rstrip())
+    return "\n".join(out) + "\n"
+
+
 def last_under(rungs: Sequence[Plan], predicted: Predictions, cap: int) -> Optional[Plan]:
     """The rung with the least recompute whose predicted peak fits `cap` (the predictions rise
     along the ladder as the simulation does); None when the leanest does not fit. Each

@@ -14,6 +14,7 @@ predictions: the default plan's, and the lowest of each graph's leanest plan.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional, Sequence
 
 from trainc.config import Config
@@ -93,4 +94,5 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
     if moves:
         note += (f"; {len(moved)} saved values moved to host memory "
                  f"({preds[i].predict.limit(best)})")
-    return i, build_partition(joint, costs, list(best.saved), "budget", note, offload=moved)
+    part = build_partition(joint, costs, list(best.saved), "budget", note, offload=moved)
+    return i, dataclasses.replace(part, search=B.search_table(rungs, preds, cap, best))

@@ -165,6 +165,17 @@ class BudgetOffload:
             f"the backward would wait {stall * 1e3:.3g} ms for copies (allowed {allowed * 1e3:.3g})"
         return f"{most} of {n} candidates can move; moving {most + 1}: {why}"
 
+    def describe(self, plan) -> str:
+        """A plan's offload detail for the search table: its peak with none moved, the most
+        that can move and their bytes, and what stops one more."""
+        self(plan)
+        most = self.most[_key(plan)]
+        part = self._graphs(plan)[0]
+        moved = set(self.peak(plan, most)[2])
+        host = sum(d.nbytes for d in part.decisions if d.name in moved)
+        return (f"none moved {self.base(plan) / 2 ** 20:.1f} MiB; most moved "
+                f"{host / 2 ** 20:.1f} MiB to host; {self.limit(plan)}")
+
     def offload(self, plan, cap: int) -> tuple[tuple[str, ...], int]:
         """The fewest candidates (in the forward's order) whose moving meets `cap`, within the
         most that can move: the names the wrappers then move, and the predicted peak."""

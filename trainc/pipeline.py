@@ -127,6 +127,8 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
         {"fwd": fwd, "bwd": bwd, "bwd_accumulate": bwd_acc}, record.passes))
     if part is not None:
         dump.text("20_partition.txt", records.decision_table(part.decisions))
+    if part is not None and part.search:
+        dump.text("21_budget_search.txt", part.search)
     dump.compiled("30", "fwd", fwd_gm, fwd, "forward graph" if part else "inference graph")
     dump.compiled("31", "bwd", bwd_gm, bwd, "backward graph")
     dump.compiled("32", "bwd_accumulate", acc_gm, bwd_acc, "backward graph adding into .grad")

@@ -142,6 +142,22 @@ def test_budget_note_names_what_stops_more_values_moving(small_moves, monkeypatc
                      r"[0-9.e-]+ ms for copies \(allowed [0-9.e-]+\)\)", slow), slow
 
 
+def test_budget_search_dump_lists_every_rung_and_marks_the_choice(small_moves, monkeypatch,
+                                                                  tmp_path):
+    """21_budget_search.txt: one row per rung, the predicted ones with their offload detail,
+    and the chosen plan (the one the note's moved values came from) starred."""
+    f, args = _chain()
+    monkeypatch.setenv("TRAINC_DEBUG_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    trainc.explain(f, *args, backend="triton", memory_budget=0.0, offload=True)
+    text = next(tmp_path.rglob("21_budget_search.txt")).read_text()
+    rows = text.splitlines()[2:]
+    assert text.startswith("cap ") and rows, text
+    chosen = [r for r in rows if r.startswith("*")]
+    assert len(chosen) == 1 and "most moved" in chosen[0], text
+    assert re.search(r"candidates can move", chosen[0]), text
+
+
 def test_offload_without_a_budget_or_policy_moves_nothing(small_moves):
     f, args = _chain()
     torch._dynamo.reset()
