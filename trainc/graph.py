@@ -20,6 +20,18 @@ import torch.fx as fx
 OFFLOAD_NODE = "trainc_offload_node"
 
 
+def graph_device(gm: fx.GraphModule, example_inputs=()) -> torch.device:
+    """The device a graph computes on: the first non-CPU device of its example inputs or of
+    its nodes' values (a graph without inputs may still make CUDA tensors: factory ops with
+    device=), else CPU. CPU 0-d tensors (the RNG seed, Python scalars) sit beside either."""
+    vals = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    vals += [n.meta.get("val", n.meta.get("example_value")) for n in gm.graph.nodes]
+    for v in vals:
+        if isinstance(v, torch.Tensor) and v.device.type != "cpu":
+            return v.device
+    return torch.device("cpu")
+
+
 class InputKind(enum.Enum):
     PARAM = "param"
     BUFFER = "buffer"

@@ -20,7 +20,7 @@ from trainc.codegen import (Backend, CompiledGraph, compile_workers, compiles_na
 from trainc.codegen.cudagraphs import mark_static_inputs
 from trainc.codegen.memory.offload import OFFLOAD
 from trainc.config import Config, resolve
-from trainc.graph import InputKind
+from trainc.graph import InputKind, graph_device
 from trainc.joint import trace_joint
 from trainc.partition import build_partition, partition, with_moved
 from trainc.partition.step_peak import plans_step_peak
@@ -49,7 +49,7 @@ def _compile_graph(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind
             records.publish(decisions.check_ranks(record, config, decisions.default_group()),
                             config)
             return art
-    with compile_workers(config.backend, _device(args), config, len(gm.graph.nodes)):
+    with compile_workers(config.backend, graph_device(gm, args), config, len(gm.graph.nodes)):
         art, record = _compile(gm, args, kinds, training, config, gid, t0)
     if art.expanded is not None:
         art.expanded.cache = (key, config)
@@ -85,7 +85,7 @@ def _compile(gm: fx.GraphModule, args: Sequence, kinds: Sequence[InputKind], tra
                 joint.gm, dump, "00_joint.py" if k == 0 else "00_joint_chunked_loss.py",
                 "joint graph after functionalization" + (" (loss in row chunks)" if k else ""),
                 config)))
-    device = _device(args)
+    device = graph_device(joints[0].gm, args)
     config, backend = backend_for(config, device, convolutions=_convolutions(joints[0].gm))
     chosen, part = (0, None) if not joints[0].signature.training else \
         partition_variants(joints, config, _predictor(backend, config)) \
@@ -225,7 +225,7 @@ def _offload_predictor(backend: Backend, config: Config):
     def for_joint(joint, costs):
         nonlocal bandwidth
         if bandwidth is None:
-            bandwidth = offloading.host_bandwidth(_device(_example_inputs(joint.gm)))
+            bandwidth = offloading.host_bandwidth(graph_device(joint.gm))
 
         def build(plan):
             part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
@@ -322,10 +322,3 @@ def _saved_layouts(fwd, bwd_gm: fx.GraphModule, n_fwd_outputs: int) -> None:
 
 def _example_inputs(gm: fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def _device(args: Sequence) -> torch.device:
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
-            return a.device
-    return torch.device("cpu")

@@ -18,6 +18,7 @@ from trainc.codegen.graph import LoweredGraph, lower
 from trainc.codegen.lowerings import LOWERINGS
 from trainc.codegen.scheduler import Kernel, Schedule
 from trainc.config import Config, make_config
+from trainc.graph import graph_device
 
 _PRELUDE = open(os.path.join(os.path.dirname(__file__), "prelude.h")).read()
 
@@ -36,7 +37,11 @@ class CppBackend:
         return generate(self, gm, example_inputs, debug=bool(self.config.debug_dir))
 
     def device(self, gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
-        return torch.device("cpu")
+        device = graph_device(gm, example_inputs)
+        if device.type != "cpu":
+            raise RuntimeError(f"trainc: backend='cpp' runs CPU tensors; this graph computes on "
+                               f"{device}: use backend='triton' (CUDA) or 'aten'")
+        return device
 
     def lower(self, gm: fx.GraphModule) -> LoweredGraph:
         return lower(gm, LOWERINGS, is_extern, self.config.conv_channels_last is not False,

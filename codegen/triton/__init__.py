@@ -22,6 +22,7 @@ from trainc.codegen.triton.plan import KernelPlan, TritonTarget, plan_kernel
 from trainc.codegen.triton.prelude import PRELUDE
 from trainc.codegen.triton.printer import KernelSource, print_kernel
 from trainc.config import Config, make_config
+from trainc.graph import graph_device
 
 
 def interpreting() -> bool:
@@ -174,17 +175,6 @@ class _Kernels:
     the per-call launch context (K.begin() ... K.end())."""
     begin = staticmethod(begin_call)
     end = staticmethod(end_call)
-
-
-def graph_device(gm: fx.GraphModule, example_inputs: Sequence) -> torch.device:
-    """The graph's device: CUDA when any input or node is on CUDA (the RNG seed is a CPU
-    scalar on every device), else CPU."""
-    vals = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    vals += [n.meta.get("val") for n in gm.graph.nodes]
-    for v in vals:
-        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
-            return v.device
-    return torch.device("cpu")
 
 
 def _foreign(sched, example_inputs: Sequence, device: torch.device) -> frozenset:
