@@ -316,6 +316,26 @@ class GraphLowering:
         same = len(outs) == len(flat) and all(alike(a, b) for a, b in zip(outs, flat))
         return out if same else traced
 
+    def _aligned_bias(self, v: TensorValue) -> TensorValue:
+        """An attention bias the memory-efficient kernel takes: every stride but the last a
+        multiple of BIAS_ALIGN elements (eager SDPA pads it likewise). A misaligned one is
+        computed into a buffer whose last dim is padded (the padding repeats the last column,
+        never read) and passed as a view of it."""
+        view = v.view
+        if view is not None and view.offset % BIAS_ALIGN == 0 and \
+                all(st % BIAS_ALIGN == 0 for st in view.stride[:-1]) and view.stride[-1] == 1:
+            return v
+        last = v.shape[-1]
+        if view is None and last % BIAS_ALIGN == 0:
+            return self.realize(v, ir.contiguous_strides(v.shape))
+        padded = (*v.shape[:-1], -(-last // BIAS_ALIGN) * BIAS_ALIGN)
+        name = self.new_buffer(padded, v.dtype, "compute")
+        self.g.steps.append(ComputeNode(
+            name, "pointwise", padded, v.dtype,
+            lambda j: v([*j[:-1], sympy.Min(j[-1], last - 1, evaluate=False)]),
+            origins=self._origin(), region=self._region()))
+        return ir.buffer_value(name, v.shape, ir.contiguous_strides(padded), v.dtype)
+
     def _conv_args(self, target, args: tuple) -> tuple:
         """A 2-D convolution's activations (input; grad_output too in its backward) as
         channels-last values."""
@@ -462,6 +482,9 @@ class GraphLowering:
                 args = self._conv_args(target, args)
             if target is aten.convolution_backward.default and _split_backward(args):
                 return self._conv_backward_in_two(args, kwargs, node.meta.get("val"))
+            at = EFFICIENT_ATTENTION.get(target)
+            if at is not None and isinstance(args[at], TensorValue):
+                args = (*args[:at], self._aligned_bias(args[at]), *args[at + 1:])
             return self.call("extern", target, args, kwargs, node.meta.get("val"))
         fn = lowerings.get(target) if not self._forced_aten(node) else None
         if fn is not None:
@@ -632,6 +655,12 @@ def _crosses(node: fx.Node) -> bool:
 _getitem = __import__("operator").getitem
 aten = torch.ops.aten
 CONVOLUTIONS = (aten.convolution.default, aten.convolution_backward.default)
+# The memory-efficient attention kernels' bias (op -> its argument): strides in multiples of 16
+# bytes (BIAS_ALIGN elements covers every dtype), or they raise "attn_bias is not correctly
+# aligned"
+EFFICIENT_ATTENTION = {aten._scaled_dot_product_efficient_attention.default: 3,
+                       aten._scaled_dot_product_efficient_attention_backward.default: 4}
+BIAS_ALIGN = 16
 # A convolution backward computing both gradients is split in two calls when its input is at
 # least this large: where the input is not read later, it is freed before grad_input exists.
 # (Else the peak holds the input, the new grad_input and cuDNN's workspace at once.) Smaller

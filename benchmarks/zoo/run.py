@@ -21,6 +21,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 
 import torch
 
@@ -74,29 +75,14 @@ def speed(name: str, scale: str, device: str, dtype: torch.dtype, backend: str, 
     """First calls, peaks and interleaved median steps; with `profile`, each compiler's step
     per kernel class afterwards (CUDA)."""
     row, runs = {}, {}
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     eager_ms = None
     for mode in modes:
-        torch._dynamo.reset()
-        case = models.build(name, scale, device, dtype)
-        if eager_ms is None:  # one eager step first: device and libraries initialised
-            step(case, case.model)
-            sync()
-            t0 = time.perf_counter()
-            step(case, case.model)
-            sync()
-            eager_ms = (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        fn = _compiled(mode, case.model, backend)
-        step(case, fn)
-        sync()
-        row[f"{mode}_first_s"] = time.perf_counter() - t0
-        if mode == "trainc":
-            runtime.wait_for_background_compiles()
-        for _ in range(2):
-            step(case, fn)
-        row[f"{mode}_peak_mib"] = _peak_mib(lambda: step(case, fn), device)
-        runs[mode] = (case, fn, [])
+        try:
+            eager_ms = _first_calls(mode, name, scale, device, dtype, backend, row, runs,
+                                    eager_ms)
+        except Exception as e:
+            e.add_note(f"mode {mode}")
+            raise
     order = random.Random(0)
     for _ in range(iters):
         for mode in order.sample(list(modes), len(modes)):
@@ -114,6 +100,34 @@ def speed(name: str, scale: str, device: str, dtype: torch.dtype, backend: str, 
         if mode != "eager":
             row[f"{mode}_compile_s"] = row[f"{mode}_first_s"] - eager_ms / 1e3
     return row
+
+
+def _first_calls(mode: str, name: str, scale: str, device: str, dtype: torch.dtype, backend: str,
+                 row: dict, runs: dict, eager_ms):
+    """One mode's compile, first call and peak (speed's); eager's one-step time, measured once
+    before the first mode."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch._dynamo.reset()
+    case = models.build(name, scale, device, dtype)
+    if eager_ms is None:  # one eager step first: device and libraries initialised
+        step(case, case.model)
+        sync()
+        t0 = time.perf_counter()
+        step(case, case.model)
+        sync()
+        eager_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    fn = _compiled(mode, case.model, backend)
+    step(case, fn)
+    sync()
+    row[f"{mode}_first_s"] = time.perf_counter() - t0
+    if mode == "trainc":
+        runtime.wait_for_background_compiles()
+    for _ in range(2):
+        step(case, fn)
+    row[f"{mode}_peak_mib"] = _peak_mib(lambda: step(case, fn), device)
+    runs[mode] = (case, fn, [])
+    return eager_ms
 
 
 def _time_ms(fn, device: str) -> float:
@@ -228,15 +242,19 @@ def main(argv=None) -> None:
             "date": time.strftime("%Y-%m-%d")}
     rows = []
     for name in a.models.split(","):
-        row = {"model": name}
+        row, phase = {"model": name}, "accuracy"
         try:
             if not a.skip_accuracy:
                 row.update(accuracy(name, a.scale, a.device, dtype, a.backend))
+            phase = "speed"
             if row.get("accuracy", "pass") == "pass" and not a.accuracy_only:
                 row.update(speed(name, a.scale, a.device, dtype, a.backend, a.iters,
                                  tuple(a.modes.split(",")), a.profile))
         except Exception as e:  # one model's failure is a row, not the end of the run
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            row["error_at"] = " ".join([phase, *getattr(e, "__notes__", []),
+                                        f"{os.path.basename(where.filename)}:{where.lineno}"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     summary = summarize(rows)
