@@ -179,7 +179,7 @@ class _Printer:
             self.emit("K.end()")
         if self.plan.kept:
             self.emit("KEEP.release(KEPT)")
-        outs = ", ".join(f"{a.buf}__host" if isinstance(a, TensorArg) and a.whole and
+        outs = ", ".join(self._host_arg(a) if isinstance(a, TensorArg) and
                          a.buf in self.host_outputs else self._arg(a) for a in g.outputs)
         self.emit(f"return [{outs}]")
         return "def run(args):\n" + "\n".join(self.lines) + "\n"
@@ -272,6 +272,11 @@ class _Printer:
                 b = self.g.buffers[o]
                 self.emit(f"if {o}.stride() != {b.stride} and {o}.numel() > 1: "
                           f"{o} = restride({o}, {b.stride})")
+
+    def _host_arg(self, a: TensorArg) -> str:
+        """An output moved to host: the buffer's host copy, viewed as the output views the
+        buffer (offload.covers: all of it, dense)."""
+        return f"{a.buf}__host" + ("" if a.whole else _view_text(a.shape, a.stride))
 
     def _arg(self, a) -> str:
         if isinstance(a, TensorArg):

@@ -16,6 +16,7 @@ import torch
 
 from trainc.codegen.graph import CallNode, LoweredGraph, TensorArg
 from trainc.codegen.scheduler import Kernel, Schedule, _call_buffers
+from trainc.graph import is_dense
 
 aten = torch.ops.aten
 
@@ -75,8 +76,8 @@ class Offload:
 
 
 def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
-    """Output positions from `first` on whose buffer can move to host: a whole buffer the
-    wrapper makes (not an input or a constant, nor in an input's storage, nor a fallback op's
+    """Output positions from `first` on whose buffer can move to host: a whole buffer (or a
+    view of all of it) the wrapper makes (not an input or a constant, nor in an input's storage, nor a fallback op's
     result, which may be a view of another buffer: freeing it would free nothing), output
     once, at least MIN_BYTES."""
     outs = [a for a in g.outputs if isinstance(a, TensorArg)]
@@ -86,13 +87,20 @@ def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
     taken = set(g.storage.values()) | _fallback_results(g)
     out = []
     for j, a in enumerate(g.outputs):
-        if j < first or not isinstance(a, TensorArg) or not a.whole or count[a.buf] > 1:
+        if j < first or not isinstance(a, TensorArg) or count[a.buf] > 1:
             continue
         b = g.buffers[a.buf]
-        if b.kind in ("compute", "call") and not _in_input(g, a.buf) and a.buf not in taken \
-                and b.nbytes >= MIN_BYTES:
+        if covers(a, b) and b.kind in ("compute", "call") and not _in_input(g, a.buf) and \
+                a.buf not in taken and b.nbytes >= MIN_BYTES:
             out.append(j)
     return out
+
+
+def covers(a: TensorArg, b) -> bool:
+    """The output reads all of its dense buffer (the buffer itself, or a reshaped or permuted
+    view of it: q/k/v projections as heads), so its host copy is the buffer's, viewed alike."""
+    return a.whole or (a.offset == 0 and _numel(a.shape) == _numel(b.shape) and
+                       is_dense(a.shape, a.stride) and is_dense(b.shape, b.stride))
 
 
 def _fallback_results(g: LoweredGraph) -> set[str]:

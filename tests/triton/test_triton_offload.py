@@ -142,6 +142,31 @@ def test_budget_note_names_what_stops_more_values_moving(small_moves, monkeypatc
                      r"[0-9.e-]+ ms for copies \(allowed [0-9.e-]+\)\)", slow), slow
 
 
+def test_saved_views_of_whole_buffers_move_and_match_eager(small_moves, monkeypatch, tmp_path):
+    """q, k and v as heads (permuted views of whole projection outputs) are saved for the
+    attention's backward: their buffers move, the host copies viewed alike, and the values
+    match eager's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 64, generator=g, requires_grad=True)
+    ws = [(torch.randn(64, 64, generator=g) / 8).requires_grad_() for _ in range(3)]
+
+    def f(x, wq, wk, wv):
+        with trainc.policy("offload"):
+            q, k, v = ((x @ w).view(2, 64, 4, 16).transpose(1, 2) for w in (wq, wk, wv))
+        o = F.scaled_dot_product_attention(q, k, v)
+        return o.transpose(1, 2).reshape(128, 64).square().mean()
+    args = (x, *ws)
+    want, want_grads = _grads(f, args)
+    monkeypatch.setenv("TRAINC_DEBUG_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    got, grads = _grads(trainc.compile(f, backend="triton"), args)
+    fwd = "".join(p.read_text() for p in tmp_path.rglob("*fwd*wrapper*.py"))
+    assert re.search(r"\w+__host\.as_strided\(\[2, 4, 64, 16\]", fwd), fwd[-3000:]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_budget_search_dump_lists_every_rung_and_marks_the_choice(small_moves, monkeypatch,
                                                                   tmp_path):
     """21_budget_search.txt: one row per rung, the predicted ones with their offload detail,
