@@ -177,10 +177,18 @@ class Predictions:
         self.predict, self.peaks = predict, {}
 
     def __call__(self, plan: Plan) -> int:
-        key = tuple(n.name for n in plan.saved)
+        key = _key(plan)
         if key not in self.peaks:
             self.peaks[key] = self.predict(plan)
         return self.peaks[key]
+
+    def known(self, plan: Plan) -> Optional[int]:
+        """The plan's predicted peak if the search predicted it, else None (predicts nothing)."""
+        return self.peaks.get(_key(plan))
+
+
+def _key(plan: Plan) -> tuple:
+    return tuple(n.name for n in plan.saved)
 
 
 def ladder(plans: Sequence[Plan], default: Plan) -> list[Plan]:
@@ -231,13 +239,13 @@ def search_table(rungs: Sequence[Sequence[Plan]], preds: Sequence[Predictions], 
     for g, (rs, pred) in enumerate(zip(rungs, preds)):
         describe = getattr(pred.predict, "describe", None)
         for i, r in enumerate(rs):
-            key = tuple(n.name for n in r.saved)
-            got = pred.peaks.get(key)
+            got = pred.known(r)
             shown = f"{got / mib:.1f}" if got is not None else "-"
             detail = describe(r) if describe and got is not None else ""
             mark = "*" if r is chosen else " "
-            out.append(f"{mark} {g:>5} {i:>4} {r.recompute_cost:>12} {r.recompute_flops / 1e9:>8.2f} "
-                       f"{r.memory.peak / mib:>13.1f} {shown:>13}  {detail}".rstrip())
+            out.append(f"{mark} {g:>5} {i:>4} {r.recompute_cost:>12} "
+                       f"{r.recompute_flops / 1e9:>8.2f} {r.memory.peak / mib:>13.1f} "
+                       f"{shown:>13}  {detail}".rstrip())
     return "\n".join(out) + "\n"
 
 

@@ -77,9 +77,9 @@ class Offload:
 
 def saveable_outputs(g: LoweredGraph, first: int) -> list[int]:
     """Output positions from `first` on whose buffer can move to host: a whole buffer (or a
-    view of all of it) the wrapper makes (not an input or a constant, nor in an input's storage, nor a fallback op's
-    result, which may be a view of another buffer: freeing it would free nothing), output
-    once, at least MIN_BYTES."""
+    view of all of it) the wrapper makes (not an input or a constant, nor in an input's
+    storage, nor a fallback op's result, which may be a view of another buffer: freeing it
+    would free nothing), output once, at least MIN_BYTES."""
     outs = [a for a in g.outputs if isinstance(a, TensorArg)]
     count: dict[str, int] = {}
     for a in outs:
