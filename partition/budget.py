@@ -23,7 +23,7 @@ import torch.fx as fx
 from trainc.graph import JointGraph
 from trainc.partition.cost import CostModel
 from trainc.partition.memory import MemoryProfile, simulate
-from trainc.partition.mincut import min_cut, min_cut_mixed
+from trainc.partition.mincut import forward_side, min_cut, min_cut_mixed, mixed_cut
 from trainc.partition.split import execution_order, joint_outputs, tangent_dependent
 from trainc.partition.tags import RECOMPUTE, SAVE, recompute_legal
 
@@ -44,23 +44,25 @@ class Plan:
     recompute_cost: int  # byte-equivalents (the search's objective)
     recompute_flops: int
     label: str  # which search produced it
+    weights: Optional[tuple[int, int]] = None  # the min-cut's (save, recompute) weight, if swept
 
 
-def evaluate(joint: JointGraph, costs: CostModel, saved: Sequence[fx.Node], label: str) -> Plan:
+def evaluate(joint: JointGraph, costs: CostModel, saved: Sequence[fx.Node], label: str,
+             weights: Optional[tuple[int, int]] = None) -> Plan:
     fwd, bwd = execution_order(joint, saved)
     backward = tangent_dependent(joint.gm)
     recomputed = tuple(n for n in bwd if n not in backward)
     fwd_outs, grad_outs = joint_outputs(joint)
     memory = simulate(costs, fwd, bwd, fwd_outs, saved, grad_outs)
     return Plan(tuple(saved), recomputed, memory, sum(costs[n].recompute for n in recomputed),
-                sum(costs[n].flops for n in recomputed), label)
+                sum(costs[n].flops for n in recomputed), label, weights)
 
 
 def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) -> list[Plan]:
     """Distinct plans from min-cuts at a sweep of weights, from 'recompute nothing' to 'save
     the fewest bytes', plus those of `extra` (the save-all and default plans) that honour the
     trainc.policy tags."""
-    big = sum(c.recompute + c.nbytes for c in costs.costs.values()) + 1
+    big = _big(costs)
     weights = [(1, big)] + [(2**k, 1) if k >= 0 else (1, 2**-k) for k in SWEEP_EXPONENTS]
     weights.append((big, 1))
     plans = {tuple(n.name for n in p.saved): p for p in extra if honours_tags(p, costs)}
@@ -69,7 +71,8 @@ def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) 
         saved = min_cut(joint, costs, save_weight=a, recompute_weight=r, under_budget=True)
         key = tuple(n.name for n in saved)
         if key not in plans:
-            plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}")
+            plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}",
+                                  (a, r))
             swept.append((plans[key], (a, r)))
     for plan in mixed(joint, costs, swept):
         plans.setdefault(tuple(n.name for n in plan.saved), plan)
@@ -89,12 +92,32 @@ def mixed(joint: JointGraph, costs: CostModel,
     out = []
     for lean, fast in zip(front, front[1:]):
         for k in range(1, layers):
-            saved = min_cut_mixed(joint, costs, weights[id(fast)], weights[id(lean)],
+            saved = min_cut_mixed(joint, costs, weights[id(lean)], weights[id(fast)],
                                   k / layers)
             a, b = weights[id(fast)], weights[id(lean)]
             out.append(evaluate(joint, costs, saved, f"min-cut mix: the first {k}/{layers} of "
                                 f"the forward at weight {b[0]}:{b[1]}, the rest {a[0]}:{a[1]}"))
     return out
+
+
+def _big(costs: CostModel) -> int:
+    """A weight above any cut's total cost: (1, big) recomputes nothing the cut can save."""
+    return sum(c.recompute + c.nbytes for c in costs.costs.values()) + 1
+
+
+def early_saved(joint: JointGraph, costs: CostModel, lean: Plan, k: int,
+                layers: int = MIX_STEPS) -> Plan:
+    """The first k/layers of the forward cut as the default plan cuts it (no expensive op
+    recomputed), the rest as `lean` (a swept plan) cuts it: the shape a plan wants where saved
+    values move to host memory. The forward makes the first layers' values earliest, so their
+    copies have the longest to run, and the backward reads them last, so they have the longest
+    to come back; the last layers' values, which could not reach the host in time, are the ones
+    recomputed."""
+    a, r = lean.weights
+    default = forward_side(joint, costs, _big(costs), 1, False)
+    saved = mixed_cut(joint, costs, default, forward_side(joint, costs, a, r, True), k / layers)
+    return evaluate(joint, costs, saved, f"offload mix: the first {k}/{layers} of the forward "
+                    f"as the default plan, the rest at weight {a}:{r}")
 
 
 def frontier(plans: Sequence[Plan]) -> list[Plan]:
@@ -227,25 +250,29 @@ def predicted_note(cap: int, default_peak: int, low: int, chosen: int, predicted
 
 
 def search_table(rungs: Sequence[Sequence[Plan]], preds: Sequence[Predictions], cap: int,
-                 chosen: Plan) -> str:
+                 chosen: Plan, mixes: Sequence[tuple[int, Plan]] = ()) -> str:
     """The budget's search as a table (the 21_budget_search.txt dump): every rung of every
     graph, its recompute cost and simulated peak, and its predicted peak where the search
-    predicted it (with the offload detail where values may move); `*` marks the chosen plan."""
+    predicted it (with the offload detail where values may move), then the offload mixes the
+    search tried (`mixes`: (graph, plan), rung "m"); `*` marks the chosen plan."""
     mib = 2 ** 20
     out = [f"cap {cap / mib:.1f} MiB; rungs by rising simulated peak, the default plan "
            "last (graph 0: the model as traced, later graphs: its rewrites)",
            f"  {'graph':>5} {'rung':>4} {'recompute':>12} {'GFLOP':>8} {'simulated MiB':>13} "
            f"{'predicted MiB':>13}  detail"]
-    for g, (rs, pred) in enumerate(zip(rungs, preds)):
+    rows = [(g, str(i), r) for g, rs in enumerate(rungs) for i, r in enumerate(rs)]
+    rows += [(g, "m", r) for g, r in mixes]
+    for g, rung, r in rows:
+        pred = preds[g]
         describe = getattr(pred.predict, "describe", None)
-        for i, r in enumerate(rs):
-            got = pred.known(r)
-            shown = f"{got / mib:.1f}" if got is not None else "-"
-            detail = describe(r) if describe and got is not None else ""
-            mark = "*" if r is chosen else " "
-            out.append(f"{mark} {g:>5} {i:>4} {r.recompute_cost:>12} "
-                       f"{r.recompute_flops / 1e9:>8.2f} {r.memory.peak / mib:>13.1f} "
-                       f"{shown:>13}  {detail}".rstrip())
+        got = pred.known(r)
+        shown = f"{got / mib:.1f}" if got is not None else "-"
+        detail = describe(r) if describe and got is not None else ""
+        detail = f"{r.label}; {detail}" if rung == "m" else detail
+        mark = "*" if r is chosen else " "
+        out.append(f"{mark} {g:>5} {rung:>4} {r.recompute_cost:>12} "
+                   f"{r.recompute_flops / 1e9:>8.2f} {r.memory.peak / mib:>13.1f} "
+                   f"{shown:>13}  {detail}".rstrip())
     return "\n".join(out) + "\n"
 
 
@@ -255,11 +282,13 @@ def last_under(rungs: Sequence[Plan], predicted: Predictions, cap: int) -> Optio
     prediction is a memory-only codegen of both graphs, so the search guesses first: the cap
     mapped onto the simulated peaks (the two move nearly in step), that rung and its neighbour
     predicted; a bisection of what is left only when the guess was off."""
-    if not rungs or predicted(rungs[0]) > cap:
+    if not rungs:
         return None
     lo, hi = 0, len(rungs) - 1
-    if predicted(rungs[hi]) <= cap:
+    if predicted(rungs[hi]) <= cap:  # (with offload, the default may be under its leaner rungs)
         return rungs[hi]
+    if predicted(rungs[0]) > cap:
+        return None
     if hi - lo > 1:
         g = _guess(rungs, predicted, lo, hi, cap)
         lo, hi = (g, hi) if predicted(rungs[g]) <= cap else (lo, g)

@@ -44,21 +44,47 @@ def forward_side(joint: JointGraph, costs: CostModel, save_weight: int, recomput
     return in_forward
 
 
-def min_cut_mixed(joint: JointGraph, costs: CostModel, fast: tuple[int, int],
-                  lean: tuple[int, int], fraction: float) -> list[fx.Node]:
+def min_cut_mixed(joint: JointGraph, costs: CostModel, early: tuple[int, int],
+                  late: tuple[int, int], fraction: float) -> list[fx.Node]:
     """A budget plan (expensive ops recomputable) mixing two cuts (save weight, recompute
-    weight): the first `fraction` of the forward's nodes in graph order follow `lean`'s cut,
-    the rest `fast`'s. On a stack of layers that is the first layers cut as `lean` cuts them:
-    the backward reaches them last, when the other layers' saved values are gone, so
-    recomputing there raises the backward's peak least. Any mix is a valid partition: a value
-    neither cut computes in the forward is recomputed from what is."""
+    weight): the first `fraction` of the forward's nodes in graph order follow `early`'s cut,
+    the rest `late`'s. On a stack of layers with a lean `early`, the backward reaches the lean
+    layers last, when the other layers' saved values are gone, so recomputing there raises the
+    backward's peak least."""
+    return mixed_cut(joint, costs, forward_side(joint, costs, *early, True),
+                     forward_side(joint, costs, *late, True), fraction)
+
+
+def mixed_cut(joint: JointGraph, costs: CostModel, early: set[fx.Node], late: set[fx.Node],
+              fraction: float) -> list[fx.Node]:
+    """The saved values of two cuts' forward sides mixed: the first `fraction` of the forward's
+    nodes in graph order as `early` has them, the rest as `late`. Any mix is a valid partition:
+    a value neither side computes in the forward is recomputed from what is."""
     _, boundary = _parts(joint, costs, True)
-    a = forward_side(joint, costs, *fast, True)
-    b = forward_side(joint, costs, *lean, True)
-    backward = costs.cut_cache.setdefault("tangent_dependent", tangent_dependent(joint.gm))
-    order = [n for n in joint.gm.graph.nodes if n.op == "call_function" and n not in backward]
-    early = set(order[:round(fraction * len(order))])
-    return saved_from_cut(joint, boundary, lambda n: n in b if n in early else n in a)
+    place = _forward_place(joint, costs)
+    return saved_from_cut(joint, boundary, lambda n: n in early if place.get(n, 0.0) < fraction
+                          else n in late)
+
+
+def _forward_place(joint: JointGraph, costs: CostModel) -> dict[fx.Node, float]:
+    """Each forward op's place in the forward, from 0 to 1: its rank among the ops before the
+    backward's first, in graph order; an op the tracer placed among the backward's (a weight's
+    transpose, the part of an activation's derivative that needs no tangent) takes its latest
+    input's place, the layer it belongs to."""
+    cache = costs.cut_cache
+    if "forward_place" not in cache:
+        backward = cache.setdefault("tangent_dependent", tangent_dependent(joint.gm))
+        ops = [n for n in joint.gm.graph.nodes if n.op == "call_function" and n not in backward]
+        first_bwd = next((i for i, n in enumerate(joint.gm.graph.nodes)
+                          if n.op == "call_function" and n in backward), None)
+        index = {n: i for i, n in enumerate(joint.gm.graph.nodes)}
+        ahead = [n for n in ops if first_bwd is None or index[n] < first_bwd]
+        place = {n: i / max(len(ahead), 1) for i, n in enumerate(ahead)}
+        for n in ops:
+            if n not in place:
+                place[n] = max((place.get(a, 0.0) for a in n.all_input_nodes), default=0.0)
+        cache["forward_place"] = place
+    return cache["forward_place"]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ or picks one under the lower cap.
 
 With `predictor` (the pipeline's, where the backend generates code: a graph and its cost model
 -> a plan's predicted step peak from the wrappers' memory plans), the budget reads against those
-predictions: the default plan's, and the lowest of each graph's leanest plan.
+predictions: the default plan's, and the lowest of each graph's leanest plan. Where saved values
+may move to host memory (Config.offload), a plan's prediction is its peak with the most moved,
+the default plan's too; mixes whose first layers are cut as the default plan's join the ladder
+(their values have the longest to copy), and the first graph that fits wins.
 """
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ def chooses_variants(config: Config) -> bool:
     return config.partitioner == "mincut" and b is not None and not (
         isinstance(b, float) and b >= 1.0)
 
+
+# Offload mixes: how many leaner plans to mix, and in how many steps of the forward
+EARLY_LEANS = 3
+EARLY_STEPS = 8
 
 Predictor = Callable[[JointGraph, CostModel], B.Predict]
 
@@ -75,17 +82,17 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
     # peak with the most moved; the default plan moves none
     base = getattr(preds[0].predict, "base", preds[0])
     default_peak = base(default0)
-    lows = [p(r[0]) for p, r in zip(preds, rungs)]
+    # with offload the default plan, most moved, may be the lowest
+    lows = [min(p(r[0]), p(r[-1])) if hasattr(p.predict, "offload") else p(r[0])
+            for p, r in zip(preds, rungs)]
     name = f"a graph of {len(joint0.gm.graph.nodes)} nodes"
     cap, note = B.predicted_cap(config.memory_budget, default_peak, min(lows),
                                 B.fixed_bytes(costs0), name)
     limit = getattr(preds[0].predict, "limit", None)
     if cap is None:
-        note += f"; offload: {limit(rungs[0][0])}" if limit else ""
+        note += f"; offload: {limit(rungs[0][-1])}" if limit else ""
         return 0, build_partition(joint0, costs0, list(default0.saved), "budget", note)
-    fits = [(best.recompute_cost, i, best) for i, (r, p) in enumerate(zip(rungs, preds))
-            if (best := B.last_under(r, p, cap)) is not None]
-    _, i, best = min(fits, key=lambda f: f[:2])  # the leanest graph's leanest rung fits
+    i, best, tried = _least_recompute(searched, rungs, preds, cap)
     joint, costs = searched[i][:2]
     moves = getattr(preds[i].predict, "offload", None)
     moved, chosen = moves(best, cap) if moves else ((), preds[i](best))
@@ -95,4 +102,47 @@ def _by_prediction(searched: list, config: Config, predictor: Predictor) -> tupl
         note += (f"; {len(moved)} saved values moved to host memory "
                  f"({preds[i].predict.limit(best)})")
     part = build_partition(joint, costs, list(best.saved), "budget", note, offload=moved)
-    return i, dataclasses.replace(part, search=B.search_table(rungs, preds, cap, best))
+    return i, dataclasses.replace(part, search=B.search_table(rungs, preds, cap, best, tried))
+
+
+def _least_recompute(searched: list, rungs: list, preds: list, cap: int) -> tuple:
+    """(graph index, its least-recompute plan whose prediction fits `cap`, the offload mixes
+    tried). Where values move, offload mixes join each graph's ladder, and the first graph
+    that fits wins: a rewrite (the chunked loss) costs step time the recompute cost does not
+    count. Otherwise the least recompute of any graph, the earlier graph on a tie."""
+    fits, tried = [], []
+    for i, (r, p) in enumerate(zip(rungs, preds)):
+        best = B.last_under(r, p, cap)
+        if best is None:
+            continue
+        moves = hasattr(p.predict, "offload")
+        if moves and best is not r[-1]:
+            mixes = _early_saved(searched[i], p, best, cap)
+            tried += [(i, m) for m in mixes]
+            best = min([best, *(m for m in mixes if p(m) <= cap)],
+                       key=lambda q: (q.recompute_cost, p(q)))
+        fits.append((best.recompute_cost, i, best))
+        if moves:
+            break
+    _, i, best = min(fits, key=lambda f: f[:2])  # the leanest graph's leanest rung fits
+    return i, best, tried
+
+
+def _early_saved(searched: tuple, predicted: B.Predictions, best: B.Plan, cap: int) -> list:
+    """Offload mixes (budget.early_saved) that may beat `best` where saved values move. For the
+    swept frontier plans leaner than `best` (the EARLY_LEANS - 1 nearest it, and the leanest),
+    a bisection over k for the most steps of the forward cut as the default plan whose
+    predicted peak fits `cap` (the prediction rises with k once more is saved than the link
+    moves in time). Every mix predicted, in the order tried."""
+    joint, costs, _, plans = searched
+    leans = sorted((p for p in B.frontier([p for p in plans if p.weights])
+                    if p.recompute_cost > best.recompute_cost), key=lambda p: p.recompute_cost)
+    picked = leans[:EARLY_LEANS - 1] + [p for p in leans[-1:] if p not in leans[:EARLY_LEANS - 1]]
+    tried = []
+    for lean in picked:
+        lo, hi = 0, EARLY_STEPS  # k = 0 is `lean` itself, which fits; k = EARLY_STEPS the default
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            tried.append(B.early_saved(joint, costs, lean, mid, EARLY_STEPS))
+            lo, hi = (mid, hi) if predicted(tried[-1]) <= cap else (lo, mid)
+    return tried

@@ -92,3 +92,34 @@ def test_chunk_loss_is_a_choice_of_the_budget(monkeypatch):
     assert plans[0.0][1] == int(forced[True][0] < forced[False][0])
     peaks = [plans[b][0] for b in (None, 0.5, 0.0)]
     assert all(a >= b for a, b in zip(peaks, peaks[1:])), plans
+
+
+def test_offload_mix_saves_the_first_layers_as_the_default_plan_and_recomputes_the_last():
+    """budget.early_saved (the search's plans where saved values may move to host memory): the
+    first k of 8 steps of the forward cut as the default plan, the rest as a lean swept plan.
+    k = 0 is the lean plan, k = 8 the default's saved values; between them recompute falls
+    and the saved bytes rise with k, and the last layer's activations are recomputed."""
+    from trainc.partition.cost import CostModel
+    from trainc.partition import policy as P
+    from trainc.partition.mincut_choose import budget_plans, default_saved
+    joint = _layers_joint(layers=4)
+    costs = CostModel(joint.gm, P.DEFAULT_POLICY, fuses=True)
+    default = B.evaluate(joint, costs, default_saved(joint, costs), "default")
+    swept = [p for p in budget_plans(joint, costs, default) if p.weights]
+    lean = B.lowest(B.frontier(swept))
+    assert lean.recompute_cost > default.recompute_cost
+    mixes = [B.early_saved(joint, costs, lean, k, 8) for k in range(9)]
+    assert set(mixes[0].saved) == set(lean.saved)
+    assert set(mixes[8].saved) == set(default.saved)
+    costs_ = [m.recompute_cost for m in mixes]
+    saved = [m.memory.saved_bytes for m in mixes]
+    assert all(a >= b for a, b in zip(costs_, costs_[1:])) and costs_[0] > costs_[4] > costs_[8]
+    assert all(a <= b for a, b in zip(saved, saved[1:])) and saved[0] < saved[4] < saved[8]
+    half = {n.name for n in mixes[4].saved}
+    # the forward's matmuls, two a layer: x @ w (its output feeds gelu), then @ v
+    from trainc.partition.split import tangent_dependent
+    backward = tangent_dependent(joint.gm)
+    mms = [n.name for n in joint.gm.graph.nodes
+           if n.target is torch.ops.aten.mm.default and n not in backward]
+    assert len(mms) == 8 and {mms[0], mms[6]} <= {n.name for n in default.saved}
+    assert mms[0] in half and mms[6] not in half, (mms, sorted(half))
