@@ -1,5 +1,5 @@
-"""Four tiny zoo models (benchmarks/zoo: real transformers classes, random weights) compile on
-cpp as one graph with no ATen fallbacks, and their loss and every parameter gradient pass the
+"""Tiny zoo models (benchmarks/zoo: real transformers classes, random weights) compile on cpp
+as one graph with no ATen fallbacks, and their loss and every parameter gradient pass the
 float64 policy after one step. The other models run behind `python -m trainc bench`."""
 import os
 import sys
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 from zoo import models, run  # noqa: E402
 
 CI_MODELS = [("llama", torch.float32), ("llama", torch.bfloat16), ("bert", torch.float32),
-             ("vit", torch.float32), ("convnext", torch.float32)]
+             ("vit", torch.float32), ("convnext", torch.float32), ("resnet", torch.bfloat16)]
 
 
 @pytest.mark.parametrize("name,dtype", CI_MODELS)
