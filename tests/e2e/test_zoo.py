@@ -23,6 +23,19 @@ def test_tiny_zoo_model_matches_float64(name, dtype):
     assert row["graphs"] == 1
 
 
+def test_zoo_accuracy_still_fails_a_planted_wrong_gradient(monkeypatch):
+    """The bf16 second opinion (run._second_opinion: the spread of emulated evaluations, which
+    lets the tiny bf16 ResNet's ReLU flips pass) does not excuse a real error: log-softmax's
+    backward 5% too large makes the classifier's gradients fail (their spread is ~1%)."""
+    from trainc import decomps
+    op = torch.ops.aten._log_softmax_backward_data.default
+    right = decomps.TABLE[op]
+    monkeypatch.setitem(decomps.TABLE, op, lambda *a, **k: right(*a, **k) * 1.05)
+    row = run.accuracy("resnet", "tiny", "cpu", torch.bfloat16, "aten")
+    assert row["accuracy"] == "fail"
+    assert any("classifier.1" in m for m in row["mismatches"]), row["mismatches"]
+
+
 def test_zoo_lists_every_family_and_refuses_unknown_names():
     assert {models.BY_NAME[n].family for n in models.NAMES} == {
         "decoder", "encoder", "encdec", "vit", "cnn"}
