@@ -4,7 +4,8 @@
     python -m trainc bench ...                      (the same)
 
 Per model: (1) accuracy, one step of loss and parameter gradients of trainc against eager and a
-float64 run (DESIGN.md's policy; a failing model is reported and left out of the speed
+float64 run (DESIGN.md's policy, a failed bf16/fp16 value re-checked against the spread of
+emulated evaluations in that dtype; a failing model is reported and left out of the speed
 figures); (2) first call of each compiler (compile latency = first call - one eager step);
 (3) median step ms over interleaved rounds (a fresh random order each round; CUDA events on
 GPU), peak memory above the start (CUDA), compression = eager peak / compiled peak. Writes
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from zoo import gpuprof, models  # noqa: E402
 
 import trainc  # noqa: E402
 import trainc.testing  # noqa: E402
+from trainc.testing import emulated  # noqa: E402
 from trainc import records, runtime  # noqa: E402
 
 MODES = ("eager", "inductor", "trainc")
@@ -53,7 +56,9 @@ def _compiled(mode: str, model, backend: str):
 
 
 def accuracy(name: str, scale: str, device: str, dtype: torch.dtype, backend: str) -> dict:
-    """trainc's loss and gradients against eager's and float64's, one step from equal weights."""
+    """trainc's loss and gradients against eager's and float64's, one step from equal weights.
+    Values that fail in bf16/fp16 get a second opinion (_second_opinion); those it excuses are
+    listed under "excused", never dropped silently."""
     torch._dynamo.reset()
     case = models.build(name, scale, device, dtype)
     ref = models.to_float64(case)
@@ -65,9 +70,44 @@ def accuracy(name: str, scale: str, device: str, dtype: torch.dtype, backend: st
                               ref.model.parameters()):
         vals.append((f"grad {n}", p.grad, pe.grad, pr.grad))
     bad = [m for v in vals if (m := trainc.testing.compare(*v)) is not None]
+    bad, excused = _second_opinion(bad, vals, name, scale, device, dtype)
     return {"accuracy": "pass" if not bad else "fail", "mismatches": [str(m) for m in bad[:5]],
+            "excused": [str(m) for m in excused],
             "graphs": len(recs), "kernels": sum(len(r.kernels) for r in recs),
             "fallbacks": sorted({op for r in recs for op in r.fallback_ops})}
+
+
+def _second_opinion(bad: list, vals: list, name: str, scale: str, device: str,
+                    dtype: torch.dtype) -> tuple[list, list]:
+    """(still failing, excused): failed bf16/fp16 values re-checked with the largest error of
+    emulated evaluations in that dtype (trainc.testing.emulated, as assert_grads_match does)
+    as eager's when larger. One eager run is one rounding sample: in bf16 many ReLU inputs sit
+    within rounding of 0 and land on either side in valid evaluations (tiny bf16 ResNet, seed
+    0: a stage-1 conv weight's gradient is off 0.04 in eager, 0.14 in trainc and 0.14-0.27 in
+    the emulated draws; against float64 taking each run's own ReLU sides both are off 0.012)."""
+    if dtype not in (torch.bfloat16, torch.float16) or \
+            not any(m.err_compiled is not None for m in bad):
+        return bad, []
+
+    def evaluate(mode) -> dict:
+        case = models.to_float64(models.build(name, scale, device, dtype))  # exact: outside
+        with mode:
+            loss = step(case, case.model)
+        return {"loss": loss, **{f"grad {n}": p.grad for n, p in case.model.named_parameters()}}
+    by_what = {v[0]: v for v in vals}
+    spread = emulated.spread(evaluate, dtype, {w: v[3] for w, v in by_what.items()})
+    still, excused = [], []
+    for m in bad:
+        hint = spread.get(m.what) if m.err_compiled is not None else None
+        again = trainc.testing.compare(*by_what[m.what], eager_err=hint) if hint else m
+        if again is None:
+            excused.append(dataclasses.replace(
+                m, kind="emulated spread",
+                reason=f"within the spread of emulated {str(dtype)[6:]} evaluations "
+                       f"(err {hint:.3g})"))
+        else:
+            still.append(again)
+    return still, excused
 
 
 def speed(name: str, scale: str, device: str, dtype: torch.dtype, backend: str, iters: int,

@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from trainc.testing import flips
+from trainc.testing import emulated, flips
 from trainc.testing.second import reconsider
 from trainc.testing.policy import (ALL_ON, ILL_CONDITIONED, Mismatch, Relaxations, bitwise_equal,
                                    compare, rel_err)
@@ -235,92 +235,28 @@ def _conditioning_parts(fn: Callable, make: Callable, seed: int, tangent_dtypes:
 
 
 def _emulated_spread(fn: Callable, make: Callable, seed: int, tangent_dtypes: list,
-                     refs: dict, draws: int = 5) -> dict[str, float]:
-    """The largest error of `draws` valid low-precision evaluations: float64 runs with every
-    op's result rounded to the run's lowest dtype (after a random nudge under one unit
-    roundoff, so each draw rounds some results the other way). No linearity test: these are
-    evaluations eager could have made. Needed where rounding flips a cutoff (a ReLU6 input
-    near 0 in bfloat16: zoo_cpp_None_34102_43, draws of 0.05-5.2 where eager got 0.05)."""
+                     refs: dict, draws: int = emulated.DRAWS) -> dict[str, float]:
+    """The largest error of `draws` valid low-precision evaluations (emulated.spread): float64
+    runs with every op's result rounded to the run's lowest dtype. Needed where rounding flips
+    a cutoff (a ReLU6 input near 0 in bfloat16: zoo_cpp_None_34102_43, draws of 0.05-5.2 where
+    eager got 0.05)."""
     low = _lowest_dtype(make(), tangent_dtypes)
     if low is None:
         return {}
-    errs: dict[str, list[float]] = {}
-    for draw in range(draws):
-        try:
-            args = [_clone(x, torch.float64) for x in make()]  # exact: made outside the mode
-            with _RoundToDtype(low, draw):
-                run = _run(_copy(fn), None, args, seed, cast=torch.float64,
-                           tangent_dtypes=tangent_dtypes)
-        except Exception:  # noqa: BLE001 - e.g. a rounded value out of an op's domain
-            return {}
-        for what, v in _values(run):
-            r = refs.get(what)
-            if torch.is_tensor(v) and torch.is_tensor(r) and v.is_floating_point() \
-                    and v.shape == r.shape:
-                mask = torch.isfinite(v) & torch.isfinite(r)
-                if bool(mask.any()):
-                    errs.setdefault(what, []).append(rel_err(v, r, mask))
-    return {what: max(e) for what, e in errs.items() if len(e) == draws}
+
+    def evaluate(mode) -> dict:
+        args = [_clone(x, torch.float64) for x in make()]  # exact: made outside the mode
+        with mode:
+            run = _run(_copy(fn), None, args, seed, cast=torch.float64,
+                       tangent_dtypes=tangent_dtypes)
+        return dict(_values(run))
+    return emulated.spread(evaluate, low, refs, draws)
 
 
 def _lowest_dtype(args: list, tangent_dtypes: list) -> Optional[torch.dtype]:
     dtypes = [x.dtype for x in args if _perturbable(x)] + [
         d for d in tangent_dtypes if d.is_floating_point and d != torch.float64]
     return max(dtypes, key=lambda d: torch.finfo(d).eps, default=None)
-
-
-class _RoundToDtype(TorchDispatchMode):
-    """Rounds every float64 result of a functional ATen op to `dtype` (and back), after a
-    relative nudge below half its eps (draw 0: no nudge) where the result is not exact in
-    `dtype`. The nudge is a function of the element's value and the draw (_value_noise)."""
-
-    def __init__(self, dtype: torch.dtype, draw: int):
-        super().__init__()
-        self.dtype, self.draw = dtype, draw
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not _rounds(func, args):
-            return out
-
-        def rnd(t):
-            if not (torch.is_tensor(t) and t.dtype == torch.float64 and t.numel()
-                    and t.layout == torch.strided):
-                return t
-            rounded = t.to(self.dtype).to(torch.float64)
-            if not self.draw:
-                return rounded
-            # A result exact in `dtype` stays exact: a faithfully rounded op returns it (so
-            # ties eager keeps, maximum(x, x.mean()) of equal values, are kept here too).
-            noise = _value_noise(t, self.draw)
-            nudged = (t * (1 + noise * torch.finfo(self.dtype).eps))
-            return torch.where(rounded == t, t, nudged.to(self.dtype).to(torch.float64))
-        return tree_map(rnd, out)
-
-
-def _value_noise(t: torch.Tensor, draw: int) -> torch.Tensor:
-    """Uniform in [-0.5, 0.5) per element, a hash of its float64 bits and `draw`: equal values
-    get equal noise, as an op gives equal results for equal exact values in any evaluation.
-    Noise drawn per element rounded copies of one value apart (sin of an expanded input): their
-    std, exactly 0, became rounding noise and its gradient 0/0 (policy review, BENCHMARKS.md
-    session 27: a float32 gradient's "valid spread" 0.49, where eager and trainc were 4e-8)."""
-    h = t.contiguous().view(torch.int64) + draw * 0x9E3779B97F4A7C1
-    for _ in range(2):  # multiply-xorshift rounds (int64 arithmetic wraps)
-        h = h * 0x5851F42D4C957F2D
-        h = h ^ (h >> 29)
-    return ((h >> 11) & 0xFFFFFF).to(torch.float64) / 2.0 ** 24 - 0.5
-
-
-def _rounds(func, args) -> bool:
-    """Whether a low-precision run rounds this op's result: not views or in-place ops (their
-    results alias inputs), not dtype conversions (exact here: the run's inputs, parameters and
-    tangents cast to float64) and not factories (the tangents' draw): only computed values."""
-    schema = func._schema
-    if schema.is_mutable or any(r.alias_info for r in schema.returns):
-        return False
-    if func is torch.ops.aten._to_copy.default:
-        return False
-    return any(torch.is_tensor(a) for a in tree_flatten(list(args))[0])
 
 
 def _unit_roundoff(args: list, tangent_dtypes: list) -> float:
@@ -343,7 +279,7 @@ class _RoundEachOp(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.u or not _rounds(func, args):
+        if not self.u or not emulated.rounds(func, args):
             return out
         self.calls += 1
         g = torch.Generator().manual_seed(self.draw * 1_000_003 + self.calls)  # 32-bit seeds
