@@ -44,18 +44,16 @@ class Plan:
     recompute_cost: int  # byte-equivalents (the search's objective)
     recompute_flops: int
     label: str  # which search produced it
-    weights: Optional[tuple[int, int]] = None  # the min-cut's (save, recompute) weight, if swept
 
 
-def evaluate(joint: JointGraph, costs: CostModel, saved: Sequence[fx.Node], label: str,
-             weights: Optional[tuple[int, int]] = None) -> Plan:
+def evaluate(joint: JointGraph, costs: CostModel, saved: Sequence[fx.Node], label: str) -> Plan:
     fwd, bwd = execution_order(joint, saved)
     backward = tangent_dependent(joint.gm)
     recomputed = tuple(n for n in bwd if n not in backward)
     fwd_outs, grad_outs = joint_outputs(joint)
     memory = simulate(costs, fwd, bwd, fwd_outs, saved, grad_outs)
     return Plan(tuple(saved), recomputed, memory, sum(costs[n].recompute for n in recomputed),
-                sum(costs[n].flops for n in recomputed), label, weights)
+                sum(costs[n].flops for n in recomputed), label)
 
 
 def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) -> list[Plan]:
@@ -71,8 +69,7 @@ def candidates(joint: JointGraph, costs: CostModel, extra: Sequence[Plan] = ()) 
         saved = min_cut(joint, costs, save_weight=a, recompute_weight=r, under_budget=True)
         key = tuple(n.name for n in saved)
         if key not in plans:
-            plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}",
-                                  (a, r))
+            plans[key] = evaluate(joint, costs, saved, f"min-cut save:recompute weight {a}:{r}")
             swept.append((plans[key], (a, r)))
     for plan in mixed(joint, costs, swept):
         plans.setdefault(tuple(n.name for n in plan.saved), plan)
@@ -105,19 +102,18 @@ def _big(costs: CostModel) -> int:
     return sum(c.recompute + c.nbytes for c in costs.costs.values()) + 1
 
 
-def early_saved(joint: JointGraph, costs: CostModel, lean: Plan, k: int,
+def early_saved(joint: JointGraph, costs: CostModel, plan: Plan, k: int,
                 layers: int = MIX_STEPS) -> Plan:
-    """The first k/layers of the forward cut as the default plan cuts it (no expensive op
-    recomputed), the rest as `lean` (a swept plan) cuts it: the shape a plan wants where saved
-    values move to host memory. The forward makes the first layers' values earliest, so their
-    copies have the longest to run, and the backward reads them last, so they have the longest
-    to come back; the last layers' values, which could not reach the host in time, are the ones
-    recomputed."""
-    a, r = lean.weights
+    """`plan` with the first k/layers of the forward cut as the default plan cuts it (no
+    expensive op recomputed): the shape a plan wants where saved values move to host memory.
+    The forward makes the first layers' values earliest, so their copies have the longest to
+    run, and the backward reads them last; the later layers' values, which could not reach the
+    host in time, stay recomputed as `plan` has them."""
     default = forward_side(joint, costs, _big(costs), 1, False)
-    saved = mixed_cut(joint, costs, default, forward_side(joint, costs, a, r, True), k / layers)
+    saved = mixed_cut(joint, costs, default, set(plan.saved), k / layers)
     return evaluate(joint, costs, saved, f"offload mix: the first {k}/{layers} of the forward "
-                    f"as the default plan, the rest at weight {a}:{r}")
+                    f"as the default plan, the rest as the plan with recompute "
+                    f"{plan.recompute_cost}")
 
 
 def frontier(plans: Sequence[Plan]) -> list[Plan]:
@@ -268,7 +264,7 @@ def search_table(rungs: Sequence[Sequence[Plan]], preds: Sequence[Predictions], 
         got = pred.known(r)
         shown = f"{got / mib:.1f}" if got is not None else "-"
         detail = describe(r) if describe and got is not None else ""
-        detail = f"{r.label}; {detail}" if rung == "m" else detail
+        detail = "; ".join(filter(None, (r.label, detail))) if rung == "m" else detail
         mark = "*" if r is chosen else " "
         out.append(f"{mark} {g:>5} {rung:>4} {r.recompute_cost:>12} "
                    f"{r.recompute_flops / 1e9:>8.2f} {r.memory.peak / mib:>13.1f} "

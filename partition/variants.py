@@ -37,8 +37,8 @@ def chooses_variants(config: Config) -> bool:
         isinstance(b, float) and b >= 1.0)
 
 
-# Offload mixes: how many leaner plans to mix, and in how many steps of the forward
-EARLY_LEANS = 3
+# Offload mixes: how many rungs to mix (the chosen and leaner), in how many steps of the forward
+EARLY_RUNGS = 2
 EARLY_STEPS = 8
 
 Predictor = Callable[[JointGraph, CostModel], B.Predict]
@@ -117,7 +117,7 @@ def _least_recompute(searched: list, rungs: list, preds: list, cap: int) -> tupl
             continue
         moves = hasattr(p.predict, "offload")
         if moves and best is not r[-1]:
-            mixes = _early_saved(searched[i], p, best, cap)
+            mixes = _early_saved(searched[i], r, p, best, cap)
             tried += [(i, m) for m in mixes]
             best = min([best, *(m for m in mixes if p(m) <= cap)],
                        key=lambda q: (q.recompute_cost, p(q)))
@@ -128,21 +128,19 @@ def _least_recompute(searched: list, rungs: list, preds: list, cap: int) -> tupl
     return i, best, tried
 
 
-def _early_saved(searched: tuple, predicted: B.Predictions, best: B.Plan, cap: int) -> list:
-    """Offload mixes (budget.early_saved) that may beat `best` where saved values move. For the
-    swept frontier plans leaner than `best` (the EARLY_LEANS - 1 nearest it, and the leanest),
-    a bisection over k for the most steps of the forward cut as the default plan whose
-    predicted peak fits `cap` (the prediction rises with k once more is saved than the link
-    moves in time). Every mix predicted, in the order tried."""
-    joint, costs, _, plans = searched
-    leans = sorted((p for p in B.frontier([p for p in plans if p.weights])
-                    if p.recompute_cost > best.recompute_cost), key=lambda p: p.recompute_cost)
-    picked = leans[:EARLY_LEANS - 1] + [p for p in leans[-1:] if p not in leans[:EARLY_LEANS - 1]]
+def _early_saved(searched: tuple, rungs: list, predicted: B.Predictions, best: B.Plan,
+                 cap: int) -> list:
+    """Offload mixes (budget.early_saved) that may beat `best` where saved values move: of
+    `best` and of the EARLY_RUNGS - 1 rungs leaner than it, k = 1, 2, ... steps of the forward
+    cut as the default plan, up to the first whose predicted peak exceeds `cap` (the prediction
+    rises with k once more is saved than the link moves in time, after a step or two on the
+    Llama). Every mix predicted, in the order tried."""
+    joint, costs = searched[:2]
+    at = next(i for i, r in enumerate(rungs) if r is best)
     tried = []
-    for lean in picked:
-        lo, hi = 0, EARLY_STEPS  # k = 0 is `lean` itself, which fits; k = EARLY_STEPS the default
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            tried.append(B.early_saved(joint, costs, lean, mid, EARLY_STEPS))
-            lo, hi = (mid, hi) if predicted(tried[-1]) <= cap else (lo, mid)
+    for plan in rungs[max(at - EARLY_RUNGS + 1, 0):at + 1][::-1]:
+        for k in range(1, EARLY_STEPS):
+            tried.append(B.early_saved(joint, costs, plan, k, EARLY_STEPS))
+            if predicted(tried[-1]) > cap:
+                break
     return tried

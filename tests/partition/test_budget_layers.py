@@ -96,25 +96,22 @@ def test_chunk_loss_is_a_choice_of_the_budget(monkeypatch):
 
 def test_offload_mix_saves_the_first_layers_as_the_default_plan_and_recomputes_the_last():
     """budget.early_saved (the search's plans where saved values may move to host memory): the
-    first k of 8 steps of the forward cut as the default plan, the rest as a lean swept plan.
-    k = 0 is the lean plan, k = 8 the default's saved values; between them recompute falls
-    and the saved bytes rise with k, and the last layer's activations are recomputed."""
+    first k of 8 steps of the forward cut as the default plan, the rest as a lean plan has it.
+    k = 0 is the lean plan, k = 8 the default's saved values; at k = 4 less is recomputed and
+    more saved than the lean plan, the first layer's activations saved, the last's recomputed."""
     from trainc.partition.cost import CostModel
     from trainc.partition import policy as P
     from trainc.partition.mincut_choose import budget_plans, default_saved
     joint = _layers_joint(layers=4)
     costs = CostModel(joint.gm, P.DEFAULT_POLICY, fuses=True)
     default = B.evaluate(joint, costs, default_saved(joint, costs), "default")
-    swept = [p for p in budget_plans(joint, costs, default) if p.weights]
-    lean = B.lowest(B.frontier(swept))
+    lean = B.ladder(budget_plans(joint, costs, default), default)[0]
     assert lean.recompute_cost > default.recompute_cost
     mixes = [B.early_saved(joint, costs, lean, k, 8) for k in range(9)]
     assert set(mixes[0].saved) == set(lean.saved)
     assert set(mixes[8].saved) == set(default.saved)
-    costs_ = [m.recompute_cost for m in mixes]
-    saved = [m.memory.saved_bytes for m in mixes]
-    assert all(a >= b for a, b in zip(costs_, costs_[1:])) and costs_[0] > costs_[4] > costs_[8]
-    assert all(a <= b for a, b in zip(saved, saved[1:])) and saved[0] < saved[4] < saved[8]
+    assert mixes[4].recompute_cost < mixes[0].recompute_cost
+    assert mixes[0].memory.saved_bytes < mixes[4].memory.saved_bytes
     half = {n.name for n in mixes[4].saved}
     # the forward's matmuls, two a layer: x @ w (its output feeds gelu), then @ v
     from trainc.partition.split import tangent_dependent
@@ -123,3 +120,42 @@ def test_offload_mix_saves_the_first_layers_as_the_default_plan_and_recomputes_t
            if n.target is torch.ops.aten.mm.default and n not in backward]
     assert len(mms) == 8 and {mms[0], mms[6]} <= {n.name for n in default.saved}
     assert mms[0] in half and mms[6] not in half, (mms, sorted(half))
+
+
+class _FakeOffload:
+    """An offload predictor (the shape of trainc.offloading.BudgetOffload): a plan's peak with
+    the most moved is its simulated peak less what a link of `link` bytes moves of its saved
+    activations."""
+
+    def __init__(self, link):
+        self.link = link
+
+    def __call__(self, plan):
+        return plan.memory.peak - min(plan.memory.saved_bytes, self.link)
+
+    def base(self, plan):
+        return plan.memory.peak
+
+    def limit(self, plan):
+        return "fake link"
+
+    def offload(self, plan, cap):
+        return (), self(plan)
+
+
+def test_budget_with_offload_takes_a_mix_whose_first_layers_are_saved_when_it_fits():
+    """Where values move, a mix of the chosen rung with its first layers cut as the default
+    plan has less recompute; the search takes it when its prediction fits the cap, and the
+    table (21_budget_search.txt) lists every mix it predicted."""
+    from trainc.config import make_config
+    from trainc.partition.variants import partition_variants
+    part = partition_variants([_layers_joint(layers=4)], make_config(memory_budget=0.5),
+                              lambda joint, costs: _FakeOffload(link=1 << 20))[1]
+    cap = float(part.search.split()[1])
+    rows = [(r.startswith("*"), *r.lstrip("*").split()[1:6]) for r in
+            part.search.splitlines()[2:]]  # (chosen, rung, recompute, GFLOP, simulated, predicted)
+    chosen = [r for r in rows if r[0]]
+    ladder_fits = [int(r[2]) for r in rows if r[1] != "m" and float(r[5]) <= cap]
+    assert len(chosen) == 1 and chosen[0][1] == "m", part.search
+    assert ladder_fits and int(chosen[0][2]) < min(ladder_fits), part.search
+    assert float(chosen[0][5]) <= cap

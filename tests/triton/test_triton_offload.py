@@ -65,6 +65,15 @@ def _grads(fn, args):
 
 
 
+def _budget_zero_with_offload_matches(f, args, want, want_grads):
+    torch._dynamo.reset()
+    got, grads = _grads(trainc.compile(f, backend="triton", memory_budget=0.0, offload=True),
+                        args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
 def test_policy_offload_region_moves_to_host_and_matches_eager(small_moves):
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -116,12 +125,7 @@ def test_budget_with_offload_lowers_the_predicted_peak(small_moves):
     notes = [n for g in low_ex.graphs for n in g.partition_notes if "moved to host" in n]
     assert notes and "candidates can move" in notes[0], notes
     assert 0 < low_ex.host_bytes <= low_ex.saved_bytes and "in host memory)" in str(low_ex)
-    torch._dynamo.reset()
-    got, grads = _grads(trainc.compile(f, backend="triton", memory_budget=0.0, offload=True),
-                        args)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for g, w in zip(grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    _budget_zero_with_offload_matches(f, args, want, want_grads)
 
 
 def test_budget_note_names_what_stops_more_values_moving(small_moves, monkeypatch):
@@ -338,9 +342,4 @@ def test_budget_reads_against_the_default_plan_with_values_moved(small_moves):
     low = trainc.explain(f, *args, backend="triton", memory_budget=0.0, offload=True)
     assert low.predicted_peak < 0.75 * default, (low.predicted_peak, default)
     assert low.host_bytes > 0
-    torch._dynamo.reset()
-    got, grads = _grads(trainc.compile(f, backend="triton", memory_budget=0.0, offload=True),
-                        args)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for g, w in zip(grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    _budget_zero_with_offload_matches(f, args, want, want_grads)
