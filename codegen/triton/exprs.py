@@ -61,7 +61,8 @@ _TL = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "
 _PRELUDE_FN = {"expm1": "_expm1", "log1p": "_log1p", "tanh": "_tanh", "trunc": "_trunc",
                "round": "_nearbyint"}
 _LIBDEVICE = {"tan", "erfc", "atan", "asin", "acos", "sinh", "cosh", "pow"}
-_INTERPRETED = {"pow", "tan", "sinh", "cosh", "erfc"}  # have prelude stand-ins (_ipow, ...)
+# have prelude stand-ins (_ipow, ...)
+_INTERPRETED = {"pow", "tan", "sinh", "cosh", "erfc", "atan", "asin", "acos"}
 # ops whose result jumps where their argument crosses a value: a division feeding one directly
 # is IEEE-rounded even when Config.triton_precise_div is off
 _STEPS = {"floor", "ceil", "trunc", "round", "lt", "le", "gt", "ge", "eq", "ne"}

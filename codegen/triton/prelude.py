@@ -96,6 +96,39 @@ def _itan(x):
 
 
 @triton.jit
+def _iatan(x):
+    # interpreter only: in float64, |x| > 1 by pi/2 - atan(1/x), then two halvings
+    # (atan(y) = 2 atan(y / (1 + sqrt(1 + y^2)))) to |y| <= 0.2 and a 14-term series; NaN stays
+    xd = x.to(tl.float64)
+    a = tl.abs(xd)
+    big = a > 1
+    y = tl.where(big, 1 / tl.where(big, a, 1.0), a)
+    y = y / (1 + tl.sqrt(1 + y * y))
+    y = y / (1 + tl.sqrt(1 + y * y))
+    y2 = y * y
+    s = tl.zeros_like(y)
+    for k in tl.static_range(13, -1, -1):
+        s = s * y2 + (1 - 2 * (k % 2)) / (2 * k + 1)
+    r = 4 * y * s
+    r = tl.where(big, 1.5707963267948966 - r, r)
+    return tl.where(a == 0, xd, tl.where(xd < 0, -r, r)).to(x.dtype)  # (-0 stays -0)
+
+
+@triton.jit
+def _iasin(x):
+    # interpreter only: atan(x / sqrt(1 - x^2)) in float64 (+-1: +-pi/2; |x| > 1: NaN)
+    xd = x.to(tl.float64)
+    return _iatan(xd / tl.sqrt(1 - xd * xd)).to(x.dtype)
+
+
+@triton.jit
+def _iacos(x):
+    # interpreter only: 2 atan(sqrt((1 - x) / (1 + x))) in float64, exact near x = 1
+    xd = x.to(tl.float64)
+    return (2 * _iatan(tl.sqrt((1 - xd) / (1 + xd)))).to(x.dtype)
+
+
+@triton.jit
 def _isinh(x):
     return (_expm1(x) - _expm1(-x)) * 0.5
 

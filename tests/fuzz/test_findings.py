@@ -14,7 +14,12 @@ from trainc.testing import ReplayFunctional, UnreplayableDropout, assert_grads_m
 from trainc.testing.modules import replay_dropouts
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
-OPEN: dict[str, str] = {}  # file: what is wrong, as far as diagnosed
+OPEN: dict[str, str] = {  # file: what is wrong, as far as diagnosed
+    "programs_cpp_0_0_3303": "(session 33 local nightly, seed 3301) bf16, cpp, budget 0: "
+    "F.normalize and std over rows holding +inf and 1e30: output 1 (std) has +inf at one "
+    "element where eager's has none, and the input's gradient has 3x eager's error (0.0344 "
+    "vs 0.0108). Not diagnosed",
+}
 UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at fault)
     "programs_cpp_0_0_20261806": "(session 18 local nightly, bf16, 0-d inputs) v17 = "
     "F.dropout(v9, p=0.9), then v20 = v17.flatten(); v20.add_(v9): the write through the view "

@@ -1,4 +1,5 @@
-"""Ops printed through libdevice on GPU (pow with a tensor exponent, tan, sinh, cosh, erfc) also
+"""Ops printed through libdevice on GPU (pow with a tensor exponent, tan, sinh, cosh, erfc, atan,
+asin, acos) also
 run under TRITON_INTERPRET, where the prelude's tl-primitive stand-ins replace libdevice."""
 import pytest
 import torch
@@ -16,6 +17,20 @@ def test_pow_with_tensor_exponent_special_cases():
 def test_hyperbolic_and_tan_and_erfc():
     x = torch.linspace(-1.2, 1.2, 13)
     check(lambda x: (torch.tan(x), torch.sinh(x), torch.cosh(x), torch.erfc(x)), x)
+
+
+def test_inverse_trigonometric_with_special_values():
+    """atan / asin / acos (the interpreter lacked all three: the nightly fuzz's
+    programs-triton-0.0-3306 failed in a kernel with atan) across the reductions' ranges, at
+    +-0, +-1, +-inf, NaN and out of domain, in float32 and float64."""
+    x = torch.tensor([-30.0, -2.5, -1.0, -0.41, -0.0, 0.0, 1e-30, 0.19, 0.21, 0.42, 1.0, 7.0,
+                      1e30, float("inf"), -float("inf"), float("nan")], dtype=torch.float64)
+    u = torch.tensor([-1.0, -0.999999, -0.5, -0.0, 0.0, 1e-30, 0.3, 0.9999999, 1.0, 1.5, -2.0,
+                      float("nan")], dtype=torch.float64)
+    for dt in (torch.float32, torch.float64):
+        check(lambda x, u: (torch.atan(x), torch.asin(u), torch.acos(u)), x.to(dt), u.to(dt))
+    y = torch.atan(torch.tensor([-0.0], device=DEVICE))
+    assert compile_triton(torch.atan, y).run([y.clone()])[0].signbit().all()
 
 
 @pytest.mark.parametrize("precise", [False, True])
