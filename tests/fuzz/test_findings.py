@@ -18,7 +18,11 @@ OPEN: dict[str, str] = {  # file: what is wrong, as far as diagnosed
     "programs_cpp_0_0_3303": "(session 33 local nightly, seed 3301) bf16, cpp, budget 0: "
     "F.normalize and std over rows holding +inf and 1e30: output 1 (std) has +inf at one "
     "element where eager's has none, and the input's gradient has 3x eager's error (0.0344 "
-    "vs 0.0108). Not diagnosed",
+    "vs 0.0108). Diagnosed, not fixed: the row holding 1e30 has std inf on every backend, "
+    "aten too (eager 4.48e29, float64 4.47e29): the traced var squares (x - mean) in "
+    "float32, where 1e60 overflows, while eager's CPU std accumulates in double (CPU "
+    "acc_type<float> is double; CUDA eager would overflow as trainc does). A fix computes "
+    "CPU var/std terms in float64, as eager",
 }
 UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at fault)
     "programs_cpp_0_0_20261806": "(session 18 local nightly, bf16, 0-d inputs) v17 = "
