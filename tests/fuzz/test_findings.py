@@ -14,16 +14,7 @@ from trainc.testing import ReplayFunctional, UnreplayableDropout, assert_grads_m
 from trainc.testing.modules import replay_dropouts
 
 HERE = os.path.join(os.path.dirname(__file__), "findings")
-OPEN: dict[str, str] = {  # file: what is wrong, as far as diagnosed
-    "programs_cpp_0_0_3303": "(session 33 local nightly, seed 3301) bf16, cpp, budget 0: "
-    "F.normalize and std over rows holding +inf and 1e30: output 1 (std) has +inf at one "
-    "element where eager's has none, and the input's gradient has 3x eager's error (0.0344 "
-    "vs 0.0108). Diagnosed, not fixed: the row holding 1e30 has std inf on every backend, "
-    "aten too (eager 4.48e29, float64 4.47e29): the traced var squares (x - mean) in "
-    "float32, where 1e60 overflows, while eager's CPU std accumulates in double (CPU "
-    "acc_type<float> is double; CUDA eager would overflow as trainc does). A fix computes "
-    "CPU var/std terms in float64, as eager",
-}
+OPEN: dict[str, str] = {}  # file: what is wrong, as far as diagnosed
 UNREPLAYABLE = {  # file: why the eager oracle cannot check it (trainc is not at fault)
     "programs_cpp_0_0_20261806": "(session 18 local nightly, bf16, 0-d inputs) v17 = "
     "F.dropout(v9, p=0.9), then v20 = v17.flatten(); v20.add_(v9): the write through the view "
@@ -51,6 +42,12 @@ EAGER_INEXACT = {  # file: why the float64 eager reference, not trainc, is off
     "hardsigmoid in float64 programs (compositions.FLOAT64_INEXACT)",
 }
 FIXED = {
+    "programs_cpp_0_0_3303": "(session 33 local nightly, seed 3301) bf16, cpp, budget 0: "
+    "F.normalize and std over rows holding +inf and 1e30: std was inf where eager's is 4.48e29 "
+    "(every backend, aten too), and the input's gradient 3x eager's error. The traced std "
+    "squared (x - mean) in float32, where 1e60 overflows; eager's CPU kernel accumulates in "
+    "double. Fixed: std / std_mean of CPU float32 and 16-bit tensors from a float64 variance "
+    "(decomps._cpu_std), as eager",
     "zoo_cpp_None_34102_69": "(session 22 zoo-stack fuzz, seed 34102) float32 ReLU, "
     "BatchNorm2d(1), two conv-BN-act over 4x1x8x8, pooled: cpp's m2.1.bias gradient was "
     "4.3e-4 off where eager is 4.7e-5. The backward graph alone, on the same inputs, in float64, "
