@@ -62,18 +62,23 @@ def _log_softmax(x, dim, half_to_float=False):
     return result if half_to_float else result.to(x.dtype)
 
 
-def _cpu_std(default: Callable, with_mean: bool) -> Callable:
-    """std / std_mean of a CPU float32 or 16-bit tensor from a float64 variance, rounded once:
-    eager's CPU kernel accumulates in double, so a row holding 1e30 has a finite std (4.5e29)
-    where squaring in float32 overflows (findings/programs_cpp_0_0_3303). CUDA's kernel
-    accumulates in float32: there the default decomposition stands."""
+def _cpu_std(default: Callable, kind: str) -> Callable:
+    """var / std / std_mean (`kind`) of a CPU float32 or 16-bit tensor from a float64 variance,
+    rounded once: eager's CPU kernel accumulates in double, so a row holding 1e30 has a finite
+    std (4.5e29) where squaring in float32 overflows (findings/programs_cpp_0_0_3303), and
+    seven values near 1e19 a finite variance. CUDA's kernel accumulates in float32: there the
+    default stands (None: the op itself)."""
     def std(x, dim=None, *, correction=None, keepdim=False):
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16,
                                                      torch.bfloat16):
+            if default is None:
+                return NotImplemented
             return default(x, dim, correction=correction, keepdim=keepdim)
         var, mean = torch.var_mean(x.double(), dim, correction=correction, keepdim=keepdim)
+        if kind == "var":
+            return var.to(x.dtype)
         out = torch.sqrt(var).to(x.dtype)
-        return (out, mean.to(x.dtype)) if with_mean else out
+        return (out, mean.to(x.dtype)) if kind == "std_mean" else out
     return std
 
 
@@ -84,8 +89,9 @@ def build_table() -> dict[torch._ops.OpOverload, Callable]:
     table.update(rng.DECOMPOSITIONS)
     table[aten.soft_margin_loss_backward.default] = _soft_margin_loss_backward
     table[aten._log_softmax.default] = _log_softmax
-    table[aten.std.correction] = _cpu_std(table[aten.std.correction], False)
-    table[aten.std_mean.correction] = _cpu_std(table[aten.std_mean.correction], True)
+    table[aten.std.correction] = _cpu_std(table[aten.std.correction], "std")
+    table[aten.std_mean.correction] = _cpu_std(table[aten.std_mean.correction], "std_mean")
+    table[aten.var.correction] = _cpu_std(table.get(aten.var.correction), "var")
     return table
 
 
