@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _make_graph_module
 
 from trainc.graph import JointGraph
 
@@ -82,7 +83,9 @@ def _build(gm: fx.GraphModule, inputs: list, order: list, outputs: Iterable) -> 
             env[n] = graph.node_copy(n, lookup)
     graph.output([env[o] if isinstance(o, fx.Node) else o for o in outputs])
     graph.lint()
-    return fx.GraphModule(gm, graph)
+    # a GraphModule, lazy under _use_lazy_graph_module (a budget's trials: never run, so
+    # their Python code is never generated)
+    return _make_graph_module(gm, graph)
 
 
 def _lazy_order(gm: fx.GraphModule, needed: set, anchors: set, outputs: list) -> list:

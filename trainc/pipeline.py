@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from trainc import (artifact_cache, chunked_loss, debug, decisions, offloading, records,
                     sdpa_rewrite)
@@ -208,9 +209,7 @@ def _predictor(backend: Backend, config: Config):
 
     def for_joint(joint, costs):
         def predict(plan) -> int:
-            part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
-            fwd_gm = post_grad(part.fwd, joint.signature, config)
-            bwd_gm = post_grad(part.bwd, None, config)
+            fwd_gm, bwd_gm, part = _trial_graphs(joint, costs, plan, config)
             return plans_step_peak(part, planner(fwd_gm, _example_inputs(fwd_gm)),
                                    planner(bwd_gm, _example_inputs(bwd_gm))).peak
         return predict
@@ -228,13 +227,22 @@ def _offload_predictor(backend: Backend, config: Config):
             bandwidth = offloading.host_bandwidth(graph_device(joint.gm))
 
         def build(plan):
-            part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
-            return part, post_grad(part.fwd, joint.signature, config), post_grad(part.bwd, None,
-                                                                                  config)
+            fwd_gm, bwd_gm, part = _trial_graphs(joint, costs, plan, config)
+            return part, fwd_gm, bwd_gm
         return offloading.BudgetOffload(
             build, lambda gm: models(gm, _example_inputs(gm)),
             lambda part, f, b, moved: plans_step_peak(part, f, b, False, moved), bandwidth)
     return for_joint
+
+
+def _trial_graphs(joint, costs, plan, config: Config) -> tuple:
+    """(forward, backward, partition) of a budget's trial plan after the post-grad passes, as
+    lazy GraphModules: only lowered for their memory plans, never run, so the Python code fx
+    regenerates at each split and pass (a sixth of a prediction) is never made."""
+    with _use_lazy_graph_module(True):
+        part = build_partition(joint, costs, list(plan.saved), "budget", None, observe=False)
+        return post_grad(part.fwd, joint.signature, config), post_grad(part.bwd, None,
+                                                                         config), part
 
 
 def variants_in_background(config: Config, device: torch.device) -> bool:
