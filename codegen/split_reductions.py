@@ -98,14 +98,32 @@ def _in_parts(n: ComputeNode, most: int, least: int) -> ComputeNode:
 
 
 def _columns(n, g: LoweredGraph) -> bool:
-    """A reduction whose loads run along its outputs (stride 1 in the last output dim), not
-    along its last reduced dim: one program per few outputs would read across the grain."""
+    """A reduction whose loads run along its outputs (stride 1 in the last output dim), at least
+    as much as along its last reduced dim: one program per few outputs would read across the
+    grain (where the two tie, splitting still spreads the work over more programs)."""
     if not (isinstance(n, ComputeNode) and n.kind == "reduction" and n.reduce_op in SPLIT_OPS
             and n.shape and n.rshape):
         return False
     i, r = g.symbols.ranges("i", n.shape), g.symbols.ranges("r", n.rshape)
-    along = [sympy.sympify(x.index) for x in ir.loads(n.fn(i, r))]
-    return sum(x.diff(i[-1]) == 1 for x in along) > sum(x.diff(r[-1]) == 1 for x in along)
+    col, row = grain(ir.loads(n.fn(i, r)), i[-1], r[-1], g)
+    return col > 0 and col >= row
+
+
+def grain(loads, out_sym, row_sym, g: LoweredGraph) -> tuple[int, int]:
+    """Bytes of the loaded buffers read contiguously along `out_sym` and along `row_sym`. By
+    bytes, not loads: convnext's LayerNorm weight gradient reads two [12544, 384] tensors along
+    its outputs and two per-row statistics (50 KB) along its rows, and ran looped across the
+    grain when each load counted one."""
+    col = row = 0
+    for load in loads:
+        index = sympy.sympify(load.index)
+        buf = g.buffers.get(load.buf)
+        size = buf.nbytes if buf is not None else 1
+        if index.diff(row_sym) == 1:
+            row += size
+        elif index.diff(out_sym) == 1:
+            col += size
+    return col, row
 
 
 def _split(g: LoweredGraph, n: ComputeNode) -> list[ComputeNode]:

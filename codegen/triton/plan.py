@@ -21,6 +21,7 @@ import torch
 from trainc.codegen import ir
 from trainc.codegen.graph import LoweredGraph
 from trainc.codegen.scheduler import Kernel, Loop, reads
+from trainc.codegen.split_reductions import grain
 from trainc.codegen.symbols import Symbols
 from trainc.codegen.triton.configs import LaunchConfig, candidates, next_pow2
 from trainc.codegen.triton.split import (CHUNK_TARGET, MAX_CHUNKS, SPLIT_LIMIT, chunks,
@@ -176,7 +177,7 @@ def _plan_rows(kern: Kernel, g: LoweredGraph, scope: Symbols, target: TritonTarg
     # Only rows that would be persistent tiles: long column sums (mlp's and gpt's bias
     # gradients) were 8% (mlp bf16) slower on the H200 with wide x tiles than looped rows.
     fits = next_pow2(rmax) <= target.persistent_limit
-    column = fits and not kern.scratch and _column(kern, scope)
+    column = fits and not kern.scratch and _column(kern, g, scope)
     mode = "column" if column else "persistent" if fits else "looped"
     written: set[str] = set()
     loops = []
@@ -200,26 +201,21 @@ def _steps(lp: Loop) -> tuple[str, ...]:
                  for n in lp.steps)
 
 
-def _column(kern: Kernel, syms: Symbols) -> bool:
-    """More of the reductions' loads are contiguous along the last outer dim than along the
-    last reduced dim."""
+def _column(kern: Kernel, g: LoweredGraph, syms: Symbols) -> bool:
+    """More of the reductions' loaded bytes are contiguous along the last outer dim than along
+    the last reduced dim (split_reductions.grain)."""
     if not kern.outer:
         return False
     osyms = syms.ranges("o", kern.outer)
-    row = col = 0
+    col = row = 0
     for lp in kern.loops:
         isyms = syms.ranges("i", lp.inner)
         if not isyms:
             continue
         for n in lp.steps:
-            if n.kind != "reduction":
-                continue
-            for load in ir.loads(n.fn(osyms, isyms)):
-                index = sympy.sympify(load.index)
-                if index.diff(isyms[-1]) == 1:
-                    row += 1
-                elif index.diff(osyms[-1]) == 1:
-                    col += 1
+            if n.kind == "reduction":
+                c, r = grain(ir.loads(n.fn(osyms, isyms)), osyms[-1], isyms[-1], g)
+                col, row = col + c, row + r
     return col > row
 
 

@@ -136,6 +136,27 @@ def test_column_sums_over_few_rows_split_into_parts(monkeypatch):
     assert "_part" not in check(f, g, h, x, rtol=8e-3).source
 
 
+def test_column_sums_weigh_loads_by_bytes(monkeypatch):
+    """A LayerNorm weight gradient (convnext): two [tokens, hidden] tensors read along the
+    outputs and per-token statistics (a [tokens] vector) read along the rows. Counted one a
+    load the two sides tied and the sum ran looped across the grain; by bytes it splits, and
+    its parts run as column tiles. Where whole tensors tie (one transposed), it splits too."""
+    from trainc.codegen import split_reductions as sr
+    for name, value in (("COLUMN_MIN_TOTAL", 1 << 14), ("COLUMN_MIN_ELEMENTS", 256),
+                        ("COLUMN_PARTS", 16), ("COLUMN_MIN_PART", 64)):
+        monkeypatch.setattr(sr, name, value)
+    g, x = (_big(8, 67, 64) for _ in range(2))
+    mu, rs = _big(8, 67, 1), _big(8, 67, 1)
+    f = lambda g, x, mu, rs: (g * ((x - mu) * rs)).sum((0, 1))
+    c = check(f, g, x, mu, rs, rtol=1e-4, atol=1e-4)
+    assert re.search(r"empty\(\(8, 64\)", c.source), c.source
+    one = check(lambda g, mu, rs: (g * (mu * rs)).sum((0, 1)), g, mu, rs, rtol=1e-4, atol=1e-4)
+    assert re.search(r"empty\(\(8, 64\)", one.source), one.source  # one load outweighs two
+    xt = _big(8, 64, 67).transpose(1, 2)  # read along the rows where g is read along outputs
+    t = check(lambda g, x: (g * x).sum((0, 1)), g, xt, rtol=1e-4, atol=1e-4)
+    assert re.search(r"empty\(\(8, 64\)", t.source), t.source
+
+
 def test_variance_after_its_mean_splits_the_parallel_way(monkeypatch):
     """var_mean / batch-norm statistics over many elements: the partials of the sum, of the
     deviations from each part's own mean and of their squares in one kernel, the totals
