@@ -47,6 +47,7 @@ def split_reductions(g: LoweredGraph) -> LoweredGraph:
         if m is None:
             steps.append(n)
             continue
+        m = _finer_columns(m, g)
         parts = _split_variance(g, m, split)
         steps += parts if parts is not None else _split(g, m)
         split[m.name] = m
@@ -95,6 +96,32 @@ def _in_parts(n: ComputeNode, most: int, least: int) -> ComputeNode:
     k, fn = total // parts, n.fn
     return dataclasses.replace(n, rshape=(parts, *n.rshape[:-1], k),
                                fn=lambda i, r: fn(i, [*r[1:-1], r[0] * k + r[-1]]))
+
+
+# Channels-last statistics (a batch norm's sums over N, H, W per channel, C contiguous) split
+# on N alone gave parts of a whole image each, reduced one program per few channels across the
+# grain; cutting H too gives parts whose rows fit a column tile (wide x along C).
+COLUMN_LANES = 1 << 15  # partial outputs (parts x outputs), at most
+
+
+def _finer_columns(n: ComputeNode, g: LoweredGraph) -> ComputeNode:
+    """n (split on its first reduced dim) with its second reduced dim cut in q pieces folded
+    into the first, (s, h, ...) -> (s * q + j, h', ...) with h = j * k + h', where n's loads run
+    along its outputs: the largest q dividing that dim that keeps parts x outputs within
+    COLUMN_LANES and each part at least COLUMN_MIN_PART elements; n itself when none does."""
+    if len(n.rshape) < 2 or not _columns(n, g):
+        return n
+    first, dim, rest = n.rshape[0], n.rshape[1], math.prod(n.rshape[2:])
+    outputs = math.prod(n.shape)
+    q = next((q for q in range(dim, 1, -1) if dim % q == 0
+              and first * q * outputs <= COLUMN_LANES
+              and (dim // q) * rest >= COLUMN_MIN_PART), None)
+    if q is None:
+        return n
+    k, fn = dim // q, n.fn
+    return dataclasses.replace(
+        n, rshape=(first * q, k, *n.rshape[2:]),
+        fn=lambda i, r: fn(i, [ir.FloorDiv(r[0], q), ir.ModIndex(r[0], q) * k + r[1], *r[2:]]))
 
 
 def _columns(n, g: LoweredGraph) -> bool:

@@ -90,6 +90,34 @@ def test_few_outputs_over_many_elements_split_on_the_outer_reduced_dim(monkeypat
                                 atol=1e-5).source
 
 
+def test_channels_last_statistics_cut_their_second_reduced_dim_into_the_parts(monkeypatch):
+    """Per-channel statistics of a channels-last tensor split on N and on pieces of H
+    (split_reductions._finer_columns): parts (N * q, C), each reducing H / q x W rows with
+    wide tiles along C (column mode); NCHW keeps parts (N, C). Values (NaN, the variance's
+    parallel form, bf16) as eager's."""
+    from trainc.codegen import split_reductions as sr
+    monkeypatch.setattr(sr, "SPLIT_MIN_ELEMENTS", 256)
+    monkeypatch.setattr(sr, "COLUMN_MIN_PART", 32)
+    x = _big(4, 6, 16, 8) * 0.01 + 100
+    x[1, 2, 3, 4] = float("nan")
+    x[2] = _big(6, 16, 8)
+    f = lambda x: (*torch.var_mean(x, dim=(0, 2, 3), correction=0), x.amax((0, 2, 3)),
+                   (x * x).sum((0, 2, 3)))
+    cl = x.contiguous(memory_format=torch.channels_last)
+    c = check(f, cl, rtol=1e-4, atol=1e-5)
+    # 16 rows of H in 4 pieces of 4: each part reduces 4 x 8 = 32 elements
+    assert re.search(r"empty\(\(16, 6\)", c.source), c.source
+    run = getattr(c.run, "run", c.run)
+    assert any(k.ks.column for k in vars(run.__globals__["K"]).values())
+    plain = check(f, x, rtol=1e-4, atol=1e-5)
+    assert re.search(r"empty\(\(4, 6\)", plain.source) and \
+        not re.search(r"empty\(\(16, 6\)", plain.source), plain.source
+    check(lambda b: b.sum((0, 2, 3)), _big(4, 6, 16, 8, dtype=torch.bfloat16)
+          .contiguous(memory_format=torch.channels_last), rtol=8e-3)
+    monkeypatch.setattr(sr, "COLUMN_LANES", 4 * 6)
+    assert not re.search(r"empty\(\(16, 6\)", check(f, cl, rtol=1e-4, atol=1e-5).source)
+
+
 def test_one_long_reduced_dim_splits_into_parts(monkeypatch):
     """Column sums over many rows (normact's LayerNorm weight and bias gradients: 65536 rows
     into each of 4096 columns, one program per few columns) are cut into parts of rows first:
