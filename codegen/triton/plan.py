@@ -30,6 +30,7 @@ from trainc.codegen.triton.transpose import MIN_ELEMENTS, transposed_dims
 
 PERSISTENT_LIMIT = 4096  # a row of at most this many elements is reduced in one tile
 INT32_LIMIT = 2**31 - 1
+LATENCY_BOUND = 4096  # a loop of at most this many elements: its stores go last
 LOW = (torch.bfloat16, torch.float16)
 ROWS = ("persistent", "looped", "column")  # the modes of kernels reducing [XBLOCK, R] rows
 
@@ -76,6 +77,10 @@ class LoopPlan:
     width: int = 0  # persistent: the row's tile width (a power of two); else 0 (RBLOCK)
     barrier: bool = False  # reads rows an earlier loop of this program stored
     chunks: int = 0  # split: programs of its first stage
+    # its stores printed after all its loads: a loop of few elements has no other programs to
+    # hide a load's latency, and a load printed after a store waits for it (BatchNorm's 72
+    # num_batches_tracked += 1 in one program took 153 µs on the H100)
+    stores_last: bool = False
 
     def __str__(self) -> str:
         head = f"loop {self.rnumel}: " if self.rnumel else "loop: "
@@ -85,6 +90,8 @@ class LoopPlan:
             notes.append(f"{self.chunks} chunks")
         if self.barrier:
             notes.append("barrier before")
+        if self.stores_last:
+            notes.append("stores last")
         return head + ("; " + "; ".join(notes) if notes else "")
 
 
@@ -165,8 +172,10 @@ def _plan_pointwise(kern: Kernel, g: LoweredGraph, target: TritonTarget, common)
     shape = tuple(kern.outer) + tuple(lp.inner)
     syms = scope.ranges("o", kern.outer) + scope.ranges("i", lp.inner)
     tile = _transposed(kern, g, lp, syms, shape, target)
+    last = _stores_last(kern, lp, _numel(shape))
     return _with_configs(KernelPlan(kern.name, "1d" if tile is None else "tile", _numel(shape),
-                                    0, tile=tile, loops=(LoopPlan(_steps(lp), 0),),
+                                    0, tile=tile, loops=(LoopPlan(_steps(lp), 0,
+                                                                  stores_last=last),),
                                     syms=tuple(syms), **common))
 
 
@@ -184,7 +193,8 @@ def _plan_rows(kern: Kernel, g: LoweredGraph, scope: Symbols, target: TritonTarg
     for k, lp in enumerate(kern.loops):
         barrier = bool(k) and any(x.buf in written for n in lp.steps for x in reads(n, g))
         width = next_pow2(max(_numel(lp.inner), 1)) if mode == "persistent" else 0
-        loops.append(LoopPlan(_steps(lp), _numel(lp.inner), width, barrier))
+        last = _stores_last(kern, lp, _numel(kern.outer) * _numel(lp.inner))
+        loops.append(LoopPlan(_steps(lp), _numel(lp.inner), width, barrier, stores_last=last))
         written |= {n.name for n in lp.steps if n.name not in kern.local}
     return _with_configs(KernelPlan(kern.name, mode, _numel(kern.outer), rmax,
                                     next_pow2(rmax) if mode == "persistent" else 0,
@@ -194,6 +204,13 @@ def _plan_rows(kern: Kernel, g: LoweredGraph, scope: Symbols, target: TritonTarg
 def _with_configs(plan: KernelPlan) -> KernelPlan:
     return dataclasses.replace(plan, configs=candidates(
         plan.kind, plan.xnumel, plan.rnumel, plan.rblock, plan.mode == "column"))
+
+
+def _stores_last(kern: Kernel, lp: Loop, elements: int) -> bool:
+    """Whether loop `lp` (`elements` in all) prints its stores after its loads: only a loop
+    small enough to be latency-bound, that stores more than one pointwise value."""
+    stored = [n for n in lp.steps if n.kind == "pointwise" and n.name not in kern.local]
+    return elements <= LATENCY_BOUND and len(stored) > 1
 
 
 def _steps(lp: Loop) -> tuple[str, ...]:

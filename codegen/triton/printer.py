@@ -77,6 +77,7 @@ class KernelPrinter:
         self._tmp = 0
         self.mode = plan.kind
         self.rmask, self.rz = "rmask", "rz"
+        self.deferred: "list | None" = None  # stores held back to the end of a loop
 
     def tmp(self) -> str:
         self._tmp += 1
@@ -145,7 +146,20 @@ class KernelPrinter:
         dt = self.g.buffers[buf].dtype
         param = self.param(self.rename.get(buf, buf), written=True)
         f = "tl.atomic_add" if atomic else "tl.store"
-        body.emit(f"{f}({param} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})")
+        line = f"{f}({param} + {idx} + {zeros}, {to_dtype(v, dt, dt)}, mask={mask})"
+        if self.deferred is not None:
+            self.deferred.append((body, line))
+        else:
+            body.emit(line)
+
+    def defer_stores(self, on: bool) -> None:
+        """From here, hold stores back (plan's stores_last) until flush_stores."""
+        self.deferred = [] if on else None
+
+    def flush_stores(self) -> None:
+        for body, line in self.deferred or ():
+            body.emit(line)
+        self.deferred = None
 
     # -- kernels ----------------------------------------------------------------------------
     def source(self) -> KernelSource:
@@ -202,12 +216,14 @@ class KernelPrinter:
                 self.sym_axes[s] = frozenset({"x"})
             for line in tile_lines(syms, shape, *self.plan.tile, self._pid()):
                 body.emit(line)
+        self.defer_stores(self.plan.loops[0].stores_last)
         for n in lp.steps:
             v = body.value(n.fn(syms))
             if n.name not in self.k.local:
                 b = self.k.layout(n.name, self.g)
                 self.store(body, n.name, body.index(ir.linear(syms, b.stride)), v, "xz", "xmask")
             self.values[n.name] = v
+        self.flush_stores()
         return self._func("", body, _numel(shape))
 
     def _pid(self) -> str:
@@ -251,6 +267,7 @@ class KernelPrinter:
             self._rvars(inner, f"r{k} + tl.arange(0, RBLOCK)[None, :]", rnumel,
                         (isyms, rindex, self.rmask, self.rz), "[1, RBLOCK]")
         saved = dict(self.values)
+        self.defer_stores(self.plan.loops[k].stores_last)
         for n in lp.steps:
             if n.kind == "pointwise":
                 v = inner.value(n.fn(osyms + isyms))
@@ -261,6 +278,7 @@ class KernelPrinter:
                 self.values[n.name] = v
             else:
                 R.accumulate(self, inner, n, accs[n.name], n.fn(osyms, isyms), rindex)
+        self.flush_stores()
         # values the scheduler keeps in registers (scratch: a later loop reads them at the
         # position they were computed at) stay visible to the next loops of a persistent tile
         kept = {n.name: self.values[n.name] for n in lp.steps if n.name in self.k.scratch}
