@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-import sympy
 import torch
 
 from trainc.codegen import ir
