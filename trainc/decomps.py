@@ -63,11 +63,12 @@ def _log_softmax(x, dim, half_to_float=False):
 
 
 def _cpu_std(default: Callable, kind: str) -> Callable:
-    """var / std / std_mean (`kind`) of a CPU float32 or 16-bit tensor from a float64 variance,
-    rounded once: eager's CPU kernel accumulates in double, so a row holding 1e30 has a finite
-    std (4.5e29) where squaring in float32 overflows (findings/programs_cpp_0_0_3303), and
-    seven values near 1e19 a finite variance. CUDA's kernel accumulates in float32: there the
-    default stands (None: the op itself)."""
+    """var / var_mean / std / std_mean (`kind`) of a CPU float32 or 16-bit tensor from a
+    float64 variance, rounded once: eager's CPU kernels (BatchNorm's statistics too)
+    accumulate in double, so a row holding 1e30 has a finite std (4.5e29) where squaring in
+    float32 overflows (findings/programs_cpp_0_0_3303), and values near 1e19 a finite, exact
+    variance (3302, 3601). CUDA's kernel accumulates in float32: there the default stands
+    (None: the op itself)."""
     def std(x, dim=None, *, correction=None, keepdim=False):
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16,
                                                      torch.bfloat16):
@@ -77,6 +78,8 @@ def _cpu_std(default: Callable, kind: str) -> Callable:
         var, mean = torch.var_mean(x.double(), dim, correction=correction, keepdim=keepdim)
         if kind == "var":
             return var.to(x.dtype)
+        if kind == "var_mean":
+            return var.to(x.dtype), mean.to(x.dtype)
         out = torch.sqrt(var).to(x.dtype)
         return (out, mean.to(x.dtype)) if kind == "std_mean" else out
     return std
@@ -92,6 +95,7 @@ def build_table() -> dict[torch._ops.OpOverload, Callable]:
     table[aten.std.correction] = _cpu_std(table[aten.std.correction], "std")
     table[aten.std_mean.correction] = _cpu_std(table[aten.std_mean.correction], "std_mean")
     table[aten.var.correction] = _cpu_std(table.get(aten.var.correction), "var")
+    table[aten.var_mean.correction] = _cpu_std(table.get(aten.var_mean.correction), "var_mean")
     return table
 
 
