@@ -164,3 +164,31 @@ def test_eager_tf32_probe_that_cannot_run_keeps_nchw(monkeypatch):
     arg.meta["val"] = x
     node = g.call_function(torch.ops.aten.convolution.default, (arg,))
     assert tf32_probe.eager_runs_tf32(node) is False
+
+
+def _bn_chain(xs, ps):
+    """Residual BN+add+ReLU outputs over channels-last inputs, with no convolution in the graph
+    (the regnet backward's recompute chain, cut out): each output is stored for the next."""
+    def bn(x, p):
+        return (p[0].view(1, -1, 1, 1) + p[1].view(1, -1, 1, 1) *
+                (p[2].view(1, -1, 1, 1) * (x - p[3].view(1, -1, 1, 1)))).to(x.dtype)
+    r = torch.relu(bn(xs[0], ps[0:4]) + bn(xs[1], ps[4:8]))
+    s = torch.relu(bn(xs[2], ps[8:12]) + torch.relu(r + bn(xs[3], ps[12:16])))
+    return r, s, torch.relu(s + bn(xs[4], ps[16:20]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stored_outputs_take_the_traced_layout(backend, tmp_path):
+    """Outputs stored because later nodes read them come back channels-last as traced: stored
+    NCHW they were written across the inputs' order and copied again on return."""
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 8, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+          for _ in range(5)]
+    ps = [torch.randn(8) for _ in range(20)]
+    out = trainc.compile(_bn_chain, backend=backend, debug_dir=str(tmp_path),
+                         cache_artifacts=False)(xs, ps)
+    for o, e in zip(out, _bn_chain(xs, ps)):
+        assert o.stride() == e.stride()
+        torch.testing.assert_close(o.float(), e.float(), atol=0.1, rtol=0.02)
+    fwd = next(tmp_path.rglob("30_fwd_wrapper.py")).read_text()
+    assert "(128, 16, 4, 1)" not in fwd, "an output was stored NCHW"
