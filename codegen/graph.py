@@ -514,10 +514,15 @@ class GraphLowering:
                 (len(node.users) > 1 and ir.compute_cost(e) > self._inline_limit(v, e)) or \
                 _broadcast_and_costly(node, v, e) or _extern_readers(node, self.is_extern) > 1:
             narrow = None if crosses else self._store_narrow(node, v)
-            self.env[node] = narrow if narrow is not None else self._realize_as_traced(v, node) \
-                if _is_output(node) else self.realize(v)
+            self.env[node] = narrow if narrow is not None else self._store(node, v)
         elif _stored_anyway(node, v):
-            self.env[node] = self._realize_as_traced(v, node)
+            self.env[node] = self._store(node, v)
+
+    def _store(self, node: fx.Node, v: TensorValue) -> TensorValue:
+        """`node`'s value stored for its readers; a graph output in the layout eager gives it
+        (its reader, the next graph or the user, would otherwise restride it, and a kernel
+        reading channels-last inputs writes it in their order)."""
+        return self._realize_as_traced(v, node) if _is_output(node) else self.realize(v)
 
     def _offloadable(self, node: fx.Node) -> None:
         v = self.env[node]
@@ -599,9 +604,6 @@ def _expanded_dims(node, v: TensorValue) -> list[int]:
 
 
 def _is_output(node: fx.Node) -> bool:
-    """A graph output: stored in the layout eager gives it (its reader, the next graph or the
-    user, would otherwise restride it), and laid out so, a kernel reading channels-last
-    inputs writes it in their order."""
     return any(u.op == "output" for u in node.users)
 
 
@@ -609,7 +611,8 @@ def _stored_anyway(node: fx.Node, v: TensorValue) -> bool:
     """A graph output (a saved activation) that other nodes read too: it is stored either way,
     so its readers load it. Inlined, a residual stream's sum was recomputed by every later
     layer from all the branch outputs before it, each kept alive for that."""
-    return len(node.users) > 1 and _is_output(node) and math.prod(v.shape) > 1 and not _expanded_dims(node, v)
+    return len(node.users) > 1 and _is_output(node) and math.prod(v.shape) > 1 and \
+        not _expanded_dims(node, v)
 
 
 def _broadcast_and_costly(node: fx.Node, v: TensorValue, e: ir.Expr) -> bool:

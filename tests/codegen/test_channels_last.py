@@ -191,4 +191,4 @@ def test_stored_outputs_take_the_traced_layout(backend, tmp_path):
         assert o.stride() == e.stride()
         torch.testing.assert_close(o.float(), e.float(), atol=0.1, rtol=0.02)
     fwd = next(tmp_path.rglob("30_fwd_wrapper.py")).read_text()
-    assert "(128, 16, 4, 1)" not in fwd, "an output was stored NCHW"
+    assert str(xs[0].contiguous().stride()) not in fwd, "an output was stored NCHW"
